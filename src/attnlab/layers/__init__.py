@@ -1,0 +1,69 @@
+"""The building blocks of "Attention Is All You Need", one paper concept per file.
+
+This package never imports ``attnlab.models``, ``training``, ``generation`` or other upper layers.
+"""
+
+from attnlab.layers.attention import scaled_dot_product_attention
+from attnlab.layers.attention_backends import ATTENTION_BACKENDS, get_attention_backend
+from attnlab.layers.blocks import DecoderLayer, EncoderLayer
+from attnlab.layers.embedding import TokenEmbedding, tie_weights
+from attnlab.layers.feedforward import ACTIVATIONS, FeedForward, activation_names
+from attnlab.layers.kv_cache import CrossKVCache, KVCache, LayerKVCache
+from attnlab.layers.masks import (
+    as_attention_mask,
+    causal_mask,
+    combine_masks,
+    padding_mask_from_ids,
+    padding_mask_from_lengths,
+    to_additive,
+)
+from attnlab.layers.multihead import MultiHeadAttention
+from attnlab.layers.norm import NORMS, LayerNorm, RMSNorm, build_norm
+from attnlab.layers.positional import (
+    POSITIONAL_ENCODINGS,
+    ALiBi,
+    LearnedPositionalEmbedding,
+    NoPositionalEncoding,
+    PositionalEncoding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    alibi_slopes,
+    build_positional_encoding,
+    sinusoidal_table,
+)
+
+__all__ = [
+    "ACTIVATIONS",
+    "ATTENTION_BACKENDS",
+    "NORMS",
+    "POSITIONAL_ENCODINGS",
+    "ALiBi",
+    "CrossKVCache",
+    "DecoderLayer",
+    "EncoderLayer",
+    "FeedForward",
+    "KVCache",
+    "LayerKVCache",
+    "LayerNorm",
+    "LearnedPositionalEmbedding",
+    "MultiHeadAttention",
+    "NoPositionalEncoding",
+    "PositionalEncoding",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "SinusoidalPositionalEncoding",
+    "TokenEmbedding",
+    "activation_names",
+    "alibi_slopes",
+    "as_attention_mask",
+    "build_norm",
+    "build_positional_encoding",
+    "causal_mask",
+    "combine_masks",
+    "get_attention_backend",
+    "padding_mask_from_ids",
+    "padding_mask_from_lengths",
+    "scaled_dot_product_attention",
+    "sinusoidal_table",
+    "tie_weights",
+]

@@ -1,0 +1,147 @@
+"""Scaled dot-product attention, eq. (1) of "Attention Is All You Need" (§3.2.1).
+
+    Attention(Q, K, V) = softmax(Q Kᵀ / sqrt(d_k)) V
+
+written plainly: this is the readable "math" path, the reference every other backend is tested
+against, and the only one that can return the attention weights.
+
+Shapes: B batch, H query heads, H_kv key/value heads (H % H_kv == 0; grouped-query attention when
+H_kv < H), T queries, S keys, D head dim (Dv the value head dim, usually D).
+
+Mask convention (the whole library): boolean True = may attend; floating masks are additive;
+both broadcast to (B, H, T, S). ``is_causal`` is bottom-right aligned when T != S.
+
+Deviations from the paper: masked scores are filled with ``torch.finfo(dtype).min`` rather than
+-inf, the softmax runs in float32 for half-precision inputs, and a query row with nothing to attend
+to returns zeros (finite gradients) instead of NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnlab.layers.masks import causal_mask, check_mask
+
+
+def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int, int, int, int, int]:
+    """Validate q/k/v shapes for attention and return ``(B, H, H_kv, T, S, D)``.
+
+    Raises:
+        ValueError: on wrong ranks, mismatched batch/head-dim/key lengths, or ``H % H_kv != 0``.
+        TypeError: if the dtypes differ or are not floating point.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(
+                f"{name} must have 4 dims (B, H, L, D), got shape {tuple(t.shape)}"
+            )
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be floating point, got dtype {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    B, H, T, D = q.shape
+    Bk, H_kv, S, Dk = k.shape
+    if Bk != B or v.shape[0] != B:
+        raise ValueError(
+            f"batch sizes differ: q {B}, k {Bk}, v {v.shape[0]} (shapes {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)})"
+        )
+    if Dk != D:
+        raise ValueError(f"q and k head dims differ: {D} vs {Dk}")
+    if v.shape[1] != H_kv or v.shape[2] != S:
+        raise ValueError(
+            f"k and v must share (H_kv, S): k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if H_kv == 0 or H % H_kv != 0:
+        raise ValueError(f"query heads H={H} must be a multiple of key/value heads H_kv={H_kv}")
+    return B, H, H_kv, T, S, D
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """Repeat key/value heads for grouped-query attention.
+
+    Shapes:
+        ``(B, H_kv, S, D)`` -> ``(B, H_kv * n_rep, S, D)``; query head ``h`` uses kv head
+        ``h // n_rep``.
+    """
+    if n_rep == 1:
+        return x
+    B, H_kv, S, D = x.shape
+    x = x[:, :, None].expand(B, H_kv, n_rep, S, D)  # (B, H_kv, n_rep, S, D)
+    return x.reshape(B, H_kv * n_rep, S, D)  # (B, H, S, D)
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    return_weights: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Eq. (1): ``softmax(q kᵀ · scale + mask) v``, the readable reference path.
+
+    Args:
+        q: queries. k: keys. v: values.
+        mask: bool (True = may attend) or additive float mask, broadcastable to (B, H, T, S).
+        is_causal: also apply a causal mask, bottom-right aligned when T != S
+            (query i sees keys j <= i + S - T). May be combined with ``mask``.
+        dropout_p: dropout on the attention weights (pass 0.0 in eval).
+        scale: score scale; default ``1 / sqrt(D)``.
+        return_weights: also return the attention weights (before dropout).
+
+    Shapes:
+        q ``(B, H, T, D)``, k ``(B, H_kv, S, D)``, v ``(B, H_kv, S, Dv)`` ->
+        out ``(B, H, T, Dv)`` and weights ``(B, H, T, S)``.
+
+    Raises:
+        ValueError / TypeError: on bad shapes, dtypes, masks, or ``dropout_p`` outside [0, 1).
+    """
+    B, H, H_kv, T, S, D = check_qkv(q, k, v)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if mask is not None:
+        check_mask(mask, B, H, T, S)
+    k = repeat_kv(k, H // H_kv)  # (B, H, S, D)
+    v = repeat_kv(v, H // H_kv)  # (B, H, S, Dv)
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+
+    # Scores in at least float32: half-precision scores overflow for large logits.
+    compute_dtype = torch.promote_types(q.dtype, torch.float32)
+    scores = (q.to(compute_dtype) @ k.to(compute_dtype).transpose(-2, -1)) * scale  # (B,H,T,S)
+    neg = torch.finfo(compute_dtype).min
+
+    keep: Tensor | None = None  # bool, broadcastable to (B, H, T, S): True = may attend
+    if is_causal:
+        keep = causal_mask(T, S, device=q.device)  # (T, S)
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            keep = mask if keep is None else keep & mask
+        else:
+            # Additive mask: keys pushed to -inf count as masked, everything else is a bias.
+            scores = scores + mask.to(compute_dtype)
+            finite = ~torch.isneginf(mask)
+            keep = finite if keep is None else keep & finite
+    if keep is not None:
+        scores = scores.masked_fill(~keep, neg)
+    scores = scores.clamp_min(neg)  # additive masks may have pushed scores to -inf
+
+    weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
+    if keep is not None:
+        # A query that may attend to nothing gets all-zero weights (output 0), not a uniform row.
+        weights = weights.masked_fill(~keep.any(dim=-1, keepdim=True), 0.0)
+        # Masked keys get exactly zero weight even when a whole row sits at finfo.min.
+        weights = weights.masked_fill(~keep, 0.0)
+    weights = weights.to(q.dtype)
+    attn = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
+    out = attn @ v  # (B, H, T, Dv)
+    if return_weights:
+        return out, weights
+    return out

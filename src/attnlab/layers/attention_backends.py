@@ -1,0 +1,120 @@
+"""Attention backends: interchangeable implementations of eq. (1) behind one signature.
+
+    fn(q, k, v, *, mask=None, is_causal=False, dropout_p=0.0, scale=None) -> out
+
+q ``(B, H, T, D)``, k/v ``(B, H_kv, S, D)``, out ``(B, H, T, D)``. Masks follow the library's
+convention (bool True = may attend, float additive, broadcast to (B, H, T, S)); ``is_causal`` is
+bottom-right aligned when T != S. Backends:
+
+- ``"math"``: :func:`attnlab.layers.attention.scaled_dot_product_attention`, the readable path and
+  the only one that returns weights.
+- ``"sdpa"``: ``torch.nn.functional.scaled_dot_product_attention`` (flash / memory-efficient
+  kernels where PyTorch has them).
+
+Deviations from PyTorch's SDPA that this wrapper hides: SDPA's ``is_causal`` is top-left aligned
+and cannot be combined with a mask, so for T != S or with a mask we pass an explicit bottom-right
+causal mask instead.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnlab.layers.attention import check_qkv, repeat_kv, scaled_dot_product_attention
+from attnlab.layers.masks import causal_mask, check_mask
+from attnlab.registry import Registry
+
+
+class AttentionBackend(Protocol):
+    """The signature every backend implements."""
+
+    def __call__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        dropout_p: float = 0.0,
+        scale: float | None = None,
+    ) -> Tensor: ...
+
+
+ATTENTION_BACKENDS: Registry[AttentionBackend] = Registry("attention backend")
+
+
+@ATTENTION_BACKENDS.register("math")
+def math_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+) -> Tensor:
+    """The readable eq. (1) path (see :func:`scaled_dot_product_attention`)."""
+    out = scaled_dot_product_attention(
+        q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale
+    )
+    return cast(Tensor, out)  # return_weights=False returns the output alone
+
+
+@ATTENTION_BACKENDS.register("sdpa")
+def sdpa_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+) -> Tensor:
+    """PyTorch's fused ``scaled_dot_product_attention`` with the library's mask semantics."""
+    B, H, H_kv, T, S, _ = check_qkv(q, k, v)
+    if mask is not None:
+        check_mask(mask, B, H, T, S)
+    if H_kv != H:
+        k = repeat_kv(k, H // H_kv)  # (B, H, S, D)
+        v = repeat_kv(v, H // H_kv)  # (B, H, S, D)
+    if is_causal and (mask is not None or T != S):
+        cm = causal_mask(T, S, device=q.device)  # (T, S)
+        if mask is None:
+            mask = cm
+        elif mask.dtype == torch.bool:
+            mask = mask & cm
+        else:
+            mask = mask.masked_fill(~cm, torch.finfo(mask.dtype).min)
+        is_causal = False
+    if mask is not None and mask.is_floating_point():
+        mask = mask.to(q.dtype).clamp_min(torch.finfo(q.dtype).min)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+    )
+
+
+def get_attention_backend(backend: str | AttentionBackend) -> AttentionBackend:
+    """Resolve a backend name (see ``ATTENTION_BACKENDS.keys()``) or pass a callable through.
+
+    Raises:
+        ValueError: for an unknown name, listing the valid ones.
+    """
+    if callable(backend):
+        return backend
+    return ATTENTION_BACKENDS.get(backend)
+
+
+__all__: list[str] = [
+    "ATTENTION_BACKENDS",
+    "AttentionBackend",
+    "get_attention_backend",
+    "math_attention",
+    "sdpa_attention",
+]

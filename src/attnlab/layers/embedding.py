@@ -1,0 +1,74 @@
+"""Token embeddings (§3.4): a learned table scaled by sqrt(d_model), and weight tying.
+
+"In our model, we share the same weight matrix between the two embedding layers and the
+pre-softmax linear transformation ... In the embedding layers, we multiply those weights by
+sqrt(d_model)." Tying is done by :func:`tie_weights`, which makes the output projection reuse the
+embedding's parameter.
+
+Shapes: B batch, T tokens, V vocabulary, E d_model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+class TokenEmbedding(nn.Module):
+    """Token ids -> vectors, optionally multiplied by sqrt(d_model).
+
+    Args:
+        vocab_size: V. d_model: E.
+        scale: multiply by sqrt(E) (the paper; BERT/GPT do not).
+        padding_idx: optional pad id whose vector is kept at zero and gets no gradient.
+    """
+
+    def __init__(
+        self, vocab_size: int, d_model: int, *, scale: bool = True, padding_idx: int | None = None
+    ) -> None:
+        super().__init__()
+        self.vocab_size, self.d_model = vocab_size, d_model
+        self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
+        self.padding_idx = padding_idx
+        self.scale = math.sqrt(d_model) if scale else 1.0
+        nn.init.normal_(self.weight, std=d_model**-0.5 if scale else 0.02)
+        if padding_idx is not None:
+            with torch.no_grad():
+                self.weight[padding_idx].zero_()
+
+    def forward(self, ids: Tensor) -> Tensor:
+        """ids ``(B, T)`` int -> ``(B, T, E)``.
+
+        Raises:
+            ValueError: for a non-integer tensor or ids outside ``[0, V)``.
+        """
+        if ids.is_floating_point() or ids.dtype == torch.bool:
+            raise ValueError(f"token ids must be an integer tensor, got dtype {ids.dtype}")
+        if ids.numel():
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= self.vocab_size:
+                bad = lo if lo < 0 else hi
+                raise ValueError(
+                    f"token id {bad} is outside the vocabulary [0, {self.vocab_size})"
+                )
+        emb = nn.functional.embedding(ids, self.weight, padding_idx=self.padding_idx)
+        return emb * self.scale if self.scale != 1.0 else emb
+
+    def extra_repr(self) -> str:
+        return f"{self.vocab_size}, {self.d_model}, scale={self.scale:.4g}"
+
+
+def tie_weights(output: nn.Linear, embedding: TokenEmbedding | nn.Embedding) -> None:
+    """Make ``output`` (a ``(V, E)`` linear) share its weight with ``embedding`` (§3.4).
+
+    Raises:
+        ValueError: if the shapes differ.
+    """
+    if output.weight.shape != embedding.weight.shape:
+        raise ValueError(
+            f"cannot tie output weight {tuple(output.weight.shape)} to embedding "
+            f"{tuple(embedding.weight.shape)}"
+        )
+    output.weight = embedding.weight

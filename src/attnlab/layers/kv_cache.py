@@ -1,0 +1,118 @@
+"""An explicit key/value cache for autoregressive decoding, passed through ``forward``.
+
+Self-attention caches are preallocated to ``max_len`` on their first write (so decoding does not
+reallocate) and grow by ``T`` tokens per call; cross-attention caches hold the encoder memory's
+keys/values, computed once and reused at every step. Keys are cached *after* RoPE, so cached
+positions never need re-rotating. With grouped-query attention the cache stores the ``H_kv`` heads.
+
+Shapes: B batch, H_kv key/value heads, L max_len, S cached length, D head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class LayerKVCache:
+    """Keys/values of one self-attention layer, preallocated to ``max_len``."""
+
+    def __init__(self, max_len: int) -> None:
+        if max_len <= 0:
+            raise ValueError(f"max_len must be positive, got {max_len}")
+        self.max_len = max_len
+        self.length = 0
+        self.k: Tensor | None = None  # (B, H_kv, L, D)
+        self.v: Tensor | None = None  # (B, H_kv, L, D)
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append ``T`` new positions and return all cached keys/values so far.
+
+        Shapes:
+            k, v ``(B, H_kv, T, D)`` -> ``(B, H_kv, S + T, D)`` each (views into the buffer).
+
+        Raises:
+            ValueError: if the cache would exceed ``max_len`` or shapes change between calls.
+        """
+        B, H_kv, T, D = k.shape
+        if self.k is None or self.v is None:
+            self.k = k.new_zeros(B, H_kv, self.max_len, D)
+            self.v = v.new_zeros(B, H_kv, self.max_len, v.shape[-1])
+        elif self.k.shape[:2] != (B, H_kv) or self.k.shape[-1] != D:
+            raise ValueError(
+                f"cache holds (B, H_kv, D) = ({self.k.shape[0]}, {self.k.shape[1]}, "
+                f"{self.k.shape[-1]}), got new keys of shape {tuple(k.shape)}"
+            )
+        end = self.length + T
+        if end > self.max_len:
+            raise ValueError(
+                f"KV cache overflow: {self.length} cached + {T} new > max_len={self.max_len}"
+            )
+        self.k[:, :, self.length : end] = k
+        self.v[:, :, self.length : end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows (beam search). index ``(B',)`` int."""
+        if self.k is not None and self.v is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+
+class CrossKVCache:
+    """Keys/values of the encoder memory for one cross-attention layer, computed once."""
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None  # (B, H_kv, S, D)
+        self.v: Tensor | None = None
+
+    @property
+    def is_set(self) -> bool:
+        return self.k is not None
+
+    def set(self, k: Tensor, v: Tensor) -> None:
+        self.k, self.v = k, v
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows (beam search). index ``(B',)`` int."""
+        if self.k is not None and self.v is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+
+class KVCache:
+    """The cache of a whole model: one :class:`LayerKVCache` per layer (+ cross caches).
+
+    Args:
+        n_layers: number of (decoder) layers.
+        max_len: maximum number of positions the self-attention caches hold.
+        cross_attention: also keep a :class:`CrossKVCache` per layer (encoder-decoder models).
+    """
+
+    def __init__(self, n_layers: int, max_len: int, *, cross_attention: bool = False) -> None:
+        self.self_attn = [LayerKVCache(max_len) for _ in range(n_layers)]
+        self.cross_attn = [CrossKVCache() for _ in range(n_layers)] if cross_attention else None
+        self.max_len = max_len
+
+    @property
+    def seq_len(self) -> int:
+        """Positions cached so far (those of the first layer)."""
+        return self.self_attn[0].length if self.self_attn else 0
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows in every layer (beam search). index ``(B',)`` int."""
+        for c in self.self_attn:
+            c.reorder(index)
+        for cc in self.cross_attn or []:
+            cc.reorder(index)
+
+    def layer(self, i: int) -> tuple[LayerKVCache, CrossKVCache | None]:
+        """The self- and cross-attention caches of layer ``i``."""
+        return self.self_attn[i], (self.cross_attn[i] if self.cross_attn is not None else None)
+
+
+def positions_for(T: int, cache: LayerKVCache | None, device: torch.device) -> Tensor:
+    """Absolute positions of ``T`` new tokens after what ``cache`` holds. Returns ``(T,)``."""
+    offset = cache.length if cache is not None else 0
+    return torch.arange(offset, offset + T, device=device)

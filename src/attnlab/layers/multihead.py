@@ -1,0 +1,157 @@
+"""Multi-head attention (§3.2.2), self- and cross-attention, with grouped-query attention.
+
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,  head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+
+The h per-head projections are one ``(E, H·D)`` linear each (``q_proj``, ``k_proj``, ``v_proj``)
+reshaped into heads; ``out_proj`` is W^O. With ``n_kv_heads < n_heads`` several query heads share
+one key/value head (GQA; ``n_kv_heads=1`` is multi-query attention).
+
+Shapes: B batch, T queries, S keys, E d_model, H heads, H_kv kv heads, D = E / H head dim.
+Masks: bool True = may attend, float additive, broadcastable to (B, H, T, S); a 2-D mask is
+``(T, S)`` (shared by the batch), so per-sequence key padding must be passed as ``(B, 1, 1, S)``
+(see :func:`attnlab.layers.masks.as_attention_mask`).
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from torch import Tensor, nn
+
+from attnlab.layers.attention import scaled_dot_product_attention
+from attnlab.layers.attention_backends import AttentionBackend, get_attention_backend
+from attnlab.layers.kv_cache import CrossKVCache, LayerKVCache, positions_for
+from attnlab.layers.positional import PositionalEncoding
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head scaled dot-product attention.
+
+    Args:
+        d_model: E. n_heads: H (must divide E).
+        n_kv_heads: H_kv (must divide H); default H.
+        dropout: dropout on the attention weights.
+        bias: biases on the four projections.
+        backend: attention backend name (``ATTENTION_BACKENDS``) or a callable of that signature.
+        rotary: a positional encoding whose ``rotate`` is applied to q and k in self-attention
+            (RoPE); ``None`` for none.
+
+    Raises:
+        ValueError: if ``n_heads`` does not divide ``d_model`` or ``n_kv_heads`` does not divide
+            ``n_heads``, or for an unknown backend.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        n_kv_heads: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        backend: str | AttentionBackend = "sdpa",
+        rotary: PositionalEncoding | None = None,
+    ) -> None:
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if n_heads <= 0 or d_model % n_heads != 0:
+            raise ValueError(f"n_heads={n_heads} must divide d_model={d_model}")
+        if n_kv_heads <= 0 or n_heads % n_kv_heads != 0:
+            raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
+        self.d_head = d_model // n_heads
+        self.dropout = dropout
+        self.backend_name = backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")
+        self.backend = get_attention_backend(backend)
+        self.q_proj = nn.Linear(d_model, n_heads * self.d_head, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.d_head, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.d_head, bias=bias)
+        self.out_proj = nn.Linear(n_heads * self.d_head, d_model, bias=bias)
+        self.rotary = rotary
+
+    def _heads(self, x: Tensor, n: int) -> Tensor:
+        B, L, _ = x.shape
+        return x.view(B, L, n, self.d_head).transpose(1, 2)  # (B, n, L, D)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+        positions: Tensor | None = None,
+        cache: LayerKVCache | CrossKVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Self-attention (``memory=None``) or cross-attention to ``memory``.
+
+        Args:
+            x: queries' input. memory: keys/values' input for cross-attention.
+            mask: bool (True = may attend) / additive float, broadcastable to (B, H, T, S).
+            is_causal: causal mask (bottom-right aligned when T != S, e.g. with a cache).
+            need_weights: also return per-head weights, computed by the math path.
+            positions: absolute positions of x's tokens for RoPE, ``(T,)|(B, T)``; default
+                continues after what ``cache`` holds.
+            cache: a :class:`LayerKVCache` (self-attention) or :class:`CrossKVCache`.
+
+        Shapes:
+            x ``(B, T, E)``, memory ``(B, S, E)`` -> out ``(B, T, E)``, weights ``(B, H, T, S)``.
+
+        Returns:
+            ``(out, weights)``; weights is ``None`` unless ``need_weights`` (the convention of
+            ``torch.nn.MultiheadAttention``).
+        """
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must be (B, T, {self.d_model}), got shape {tuple(x.shape)}")
+        B, T, _ = x.shape
+        q = self._heads(self.q_proj(x), self.n_heads)  # (B, H, T, D)
+        if memory is None and not isinstance(cache, CrossKVCache):
+            k = self._heads(self.k_proj(x), self.n_kv_heads)  # (B, H_kv, T, D)
+            v = self._heads(self.v_proj(x), self.n_kv_heads)  # (B, H_kv, T, D)
+            if self.rotary is not None:
+                if positions is None:
+                    self_cache = cache if isinstance(cache, LayerKVCache) else None
+                    positions = positions_for(T, self_cache, x.device)
+                q = self.rotary.rotate(q, positions)
+                k = self.rotary.rotate(k, positions)
+            if isinstance(cache, LayerKVCache):
+                k, v = cache.update(k, v)  # (B, H_kv, S, D)
+        elif isinstance(cache, CrossKVCache) and cache.is_set:
+            k, v = cast(Tensor, cache.k), cast(Tensor, cache.v)
+        else:
+            if memory is None:
+                raise ValueError("cross-attention needs memory (or a filled CrossKVCache)")
+            if memory.dim() != 3 or memory.shape[0] != B or memory.shape[-1] != self.d_model:
+                raise ValueError(
+                    f"memory must be ({B}, S, {self.d_model}), got shape {tuple(memory.shape)}"
+                )
+            k = self._heads(self.k_proj(memory), self.n_kv_heads)  # (B, H_kv, S, D)
+            v = self._heads(self.v_proj(memory), self.n_kv_heads)  # (B, H_kv, S, D)
+            if isinstance(cache, CrossKVCache):
+                cache.set(k, v)
+        dropout_p = self.dropout if self.training else 0.0
+        weights: Tensor | None = None
+        if need_weights:
+            out, weights = cast(
+                tuple[Tensor, Tensor],
+                scaled_dot_product_attention(
+                    q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p,
+                    return_weights=True,
+                ),
+            )
+        else:
+            out = self.backend(q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p)
+        out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.d_head)  # (B, T, H·D)
+        return self.out_proj(out), weights
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
+            f"backend={self.backend_name!r}"
+        )
+
+
+__all__ = ["MultiHeadAttention"]

@@ -1,0 +1,96 @@
+"""attnlab's models: one file per model, each with its Config dataclass and PRESETS.
+
+``MODEL_TYPES`` maps a config's ``model_type`` to ``(ConfigClass, ModelClass)``; ``PRESETS`` holds
+every named configuration; :func:`build_model` builds either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnlab.config import config_from_dict
+from attnlab.models import transformer
+from attnlab.models.transformer import (
+    Decoder,
+    Encoder,
+    EncoderDecoderTransformer,
+    TransformerConfig,
+)
+from attnlab.registry import Registry
+
+MODEL_TYPES: Registry[tuple[type[Any], type[nn.Module]]] = Registry("model type")
+MODEL_TYPES.add("transformer", (TransformerConfig, EncoderDecoderTransformer))
+
+PRESETS: dict[str, Any] = {**transformer.PRESETS}
+
+
+def config_for(name: str, **overrides: Any) -> Any:
+    """The preset config ``name`` with ``overrides`` applied (``dataclasses.replace``).
+
+    Raises:
+        ValueError: for an unknown preset (listing the valid ones) or an unknown override.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; valid: {', '.join(sorted(PRESETS))}")
+    base = PRESETS[name]
+    fields = {f.name for f in dataclasses.fields(base)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"unknown config keys {unknown} for {name!r}; valid: {sorted(fields)}")
+    return dataclasses.replace(base, **overrides)
+
+
+def model_class_for(config: Any) -> type[nn.Module]:
+    """The model class that builds ``config`` (looked up by its ``model_type``)."""
+    _, model_cls = MODEL_TYPES.get(type(config).model_type)
+    return model_cls
+
+
+def build_model(
+    name_or_config: Any, *, device: torch.device | str | None = None, **overrides: Any
+) -> nn.Module:
+    """Build a model from a preset name (with overrides) or from a config object.
+
+    Args:
+        name_or_config: a key of :data:`PRESETS` or a config dataclass instance.
+        device: where to create the parameters (``"meta"`` builds without allocating).
+        overrides: config fields to replace.
+    """
+    if isinstance(name_or_config, str):
+        config = config_for(name_or_config, **overrides)
+    else:
+        config = dataclasses.replace(name_or_config, **overrides) if overrides else name_or_config
+    cls = model_class_for(config)
+    with torch.device(device) if device is not None else contextlib.nullcontext():
+        return cls(config)
+
+
+def config_from_json_dict(data: dict[str, Any]) -> Any:
+    """Rebuild any model config from its :func:`attnlab.config.config_to_dict` form.
+
+    Raises:
+        ValueError: for a missing/unknown ``model_type`` or unknown keys.
+    """
+    if "model_type" not in data:
+        raise ValueError(f"config has no 'model_type'; valid: {', '.join(MODEL_TYPES.keys())}")
+    config_cls, _ = MODEL_TYPES.get(data["model_type"])
+    return config_from_dict(config_cls, data)
+
+
+__all__ = [
+    "MODEL_TYPES",
+    "PRESETS",
+    "Decoder",
+    "Encoder",
+    "EncoderDecoderTransformer",
+    "TransformerConfig",
+    "build_model",
+    "config_for",
+    "config_from_json_dict",
+    "model_class_for",
+]

@@ -1,0 +1,347 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (§3, Figure 1).
+
+``TransformerConfig`` + ``Encoder``/``Decoder`` stacks + ``EncoderDecoderTransformer`` (source and
+target embeddings scaled by sqrt(d_model), positional encoding, N encoder and N decoder layers, the
+pre-softmax projection tied to the target embedding, §3.4) and the Table 3 presets.
+
+Shapes: B batch, S source length, T target length, E d_model, V target vocabulary, H heads.
+Masks: ``src_mask``/``tgt_mask`` are per-token key masks ``(B, S)``/``(B, T)``, True = real token
+(Hugging Face's ``attention_mask`` convention); inside, attention masks are bool True = may
+attend, broadcastable to (B, H, T, S).
+
+Deviations from the paper: weight init (not specified there) is Xavier-uniform for linears and
+N(0, d_model^-1/2) for embeddings; a final norm is added after each stack when pre-norm is used
+(``final_norm``), as every pre-norm implementation does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.config import check_choice, check_positive, check_probability
+from attnlab.layers.attention_backends import ATTENTION_BACKENDS
+from attnlab.layers.blocks import DecoderLayer, EncoderLayer
+from attnlab.layers.embedding import TokenEmbedding, tie_weights
+from attnlab.layers.feedforward import activation_names
+from attnlab.layers.kv_cache import KVCache
+from attnlab.layers.masks import as_attention_mask, combine_masks
+from attnlab.layers.norm import NORMS, build_norm
+from attnlab.layers.positional import (
+    POSITIONAL_ENCODINGS,
+    PositionalEncoding,
+    RotaryEmbedding,
+    build_positional_encoding,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransformerConfig:
+    """Hyper-parameters of the encoder-decoder Transformer (defaults: the base model, Table 3)."""
+
+    model_type: ClassVar[str] = "transformer"
+
+    vocab_size: int = 37000  # source (and shared) vocabulary
+    tgt_vocab_size: int | None = None  # None: one vocabulary shared by source and target
+    d_model: int = 512
+    n_heads: int = 8
+    n_kv_heads: int | None = None
+    n_layers: int = 6  # encoder layers (and decoder layers unless n_decoder_layers is set)
+    n_decoder_layers: int | None = None
+    d_ff: int = 2048
+    dropout: float = 0.1
+    attn_dropout: float | None = None  # None: same as dropout
+    max_seq_len: int = 1024
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_eps: float = 1e-5
+    norm_position: Literal["pre", "post"] = "post"
+    final_norm: bool | None = None  # None: only with pre-norm
+    activation: str = "relu"
+    pos_encoding: str = "sinusoidal"
+    rope_base: float = 10000.0
+    rope_scaling: Literal["none", "linear", "ntk", "dynamic"] = "none"
+    rope_factor: float = 1.0
+    attn_backend: str = "sdpa"
+    bias: bool = True
+    scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model), §3.4
+    share_embeddings: bool = True  # one table for source and target (needs a shared vocabulary)
+    tie_output: bool = True  # pre-softmax projection = target embedding, §3.4
+    pad_id: int | None = 0
+    bos_id: int = 1
+    eos_id: int = 2
+
+    def __post_init__(self) -> None:
+        check_positive(
+            vocab_size=self.vocab_size, tgt_vocab_size=self.tgt_vocab_size, d_model=self.d_model,
+            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, n_layers=self.n_layers,
+            n_decoder_layers=self.n_decoder_layers, d_ff=self.d_ff, max_seq_len=self.max_seq_len,
+            norm_eps=self.norm_eps, rope_base=self.rope_base,
+        )
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(
+                f"n_heads={self.n_heads} does not divide d_model={self.d_model}"
+            )
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads != 0:
+            raise ValueError(
+                f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}"
+            )
+        check_probability(dropout=self.dropout, attn_dropout=self.attn_dropout)
+        check_choice("norm", self.norm, NORMS.keys())
+        check_choice("norm_position", self.norm_position, ["pre", "post"])
+        check_choice("activation", self.activation, activation_names())
+        check_choice("pos_encoding", self.pos_encoding, POSITIONAL_ENCODINGS.keys())
+        check_choice("rope_scaling", self.rope_scaling, ["none", "linear", "ntk", "dynamic"])
+        check_choice("attn_backend", self.attn_backend, ATTENTION_BACKENDS.keys())
+        if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
+            raise ValueError(
+                f"share_embeddings needs one vocabulary, but vocab_size={self.vocab_size} and "
+                f"tgt_vocab_size={self.tgt_vocab_size}"
+            )
+        for name in ("pad_id", "bos_id", "eos_id"):
+            tok = getattr(self, name)
+            if tok is not None and not 0 <= tok < min(self.vocab_size, self.target_vocab_size):
+                raise ValueError(f"{name}={tok} is outside the vocabulary")
+
+    @property
+    def d_head(self) -> int:
+        """Per-head dimension d_k = d_v = d_model / n_heads."""
+        return self.d_model // self.n_heads
+
+    @property
+    def target_vocab_size(self) -> int:
+        """The target vocabulary (the shared one unless ``tgt_vocab_size`` is set)."""
+        return self.tgt_vocab_size or self.vocab_size
+
+    @property
+    def num_decoder_layers(self) -> int:
+        return self.n_decoder_layers or self.n_layers
+
+    @property
+    def use_final_norm(self) -> bool:
+        return self.norm_position == "pre" if self.final_norm is None else self.final_norm
+
+
+def _layer_kwargs(c: TransformerConfig) -> dict[str, object]:
+    return dict(
+        n_kv_heads=c.n_kv_heads, dropout=c.dropout, attn_dropout=c.attn_dropout,
+        activation=c.activation, norm=c.norm, norm_eps=c.norm_eps,
+        norm_position=c.norm_position, bias=c.bias, backend=c.attn_backend,
+    )
+
+
+class Encoder(nn.Module):
+    """N encoder layers (+ a final norm for pre-norm), on already-embedded inputs."""
+
+    def __init__(self, config: TransformerConfig, rotary: PositionalEncoding | None = None) -> None:
+        super().__init__()
+        c = config
+        self.layers = nn.ModuleList(
+            EncoderLayer(c.d_model, c.n_heads, c.d_ff, rotary=rotary, **_layer_kwargs(c))  # type: ignore[arg-type]
+            for _ in range(c.n_layers)
+        )
+        self.final_norm = (
+            build_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias) if c.use_final_norm else None
+        )
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list[Tensor | None]]:
+        """x ``(B, S, E)`` -> memory ``(B, S, E)`` and per-layer weights ``(B, H, S, S)``."""
+        weights: list[Tensor | None] = []
+        for layer in self.layers:
+            x, w = layer(x, mask=mask, positions=positions, need_weights=need_weights)
+            weights.append(w)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, weights
+
+
+class Decoder(nn.Module):
+    """N decoder layers (+ a final norm for pre-norm), on already-embedded inputs."""
+
+    def __init__(self, config: TransformerConfig, rotary: PositionalEncoding | None = None) -> None:
+        super().__init__()
+        c = config
+        self.layers = nn.ModuleList(
+            DecoderLayer(c.d_model, c.n_heads, c.d_ff, rotary=rotary, **_layer_kwargs(c))  # type: ignore[arg-type]
+            for _ in range(c.num_decoder_layers)
+        )
+        self.final_norm = (
+            build_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias) if c.use_final_norm else None
+        )
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        *,
+        mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list[tuple[Tensor | None, Tensor | None]]]:
+        """x ``(B, T, E)``, memory ``(B, S, E)`` -> ``(B, T, E)`` and per-layer (self, cross)
+        weights. ``mask`` is combined with the causal mask (bottom-right aligned with a cache)."""
+        weights: list[tuple[Tensor | None, Tensor | None]] = []
+        for i, layer in enumerate(self.layers):
+            sc, cc = cache.layer(i) if cache is not None else (None, None)
+            x, w = layer(
+                x, memory, mask=mask, memory_mask=memory_mask, is_causal=True,
+                positions=positions, cache=sc, cross_cache=cc, need_weights=need_weights,
+            )
+            weights.append(w)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, weights
+
+
+class EncoderDecoderTransformer(nn.Module):
+    """The paper's model: ``forward(src, tgt) -> (logits, loss)``.
+
+    Use :meth:`encode` once and :meth:`decode` per step (with a :class:`KVCache`) to generate.
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        self.src_embed = TokenEmbedding(c.vocab_size, c.d_model, scale=c.scale_embeddings)
+        self.tgt_embed = (
+            self.src_embed
+            if c.share_embeddings
+            else TokenEmbedding(c.target_vocab_size, c.d_model, scale=c.scale_embeddings)
+        )
+        self.pos_encoding = build_positional_encoding(
+            c.pos_encoding, d_model=c.d_model, n_heads=c.n_heads, max_seq_len=c.max_seq_len,
+            rope_base=c.rope_base, rope_scaling=c.rope_scaling, rope_factor=c.rope_factor,
+        )
+        rotary = self.pos_encoding if isinstance(self.pos_encoding, RotaryEmbedding) else None
+        self.dropout = nn.Dropout(c.dropout)
+        self.encoder = Encoder(c, rotary)
+        self.decoder = Decoder(c, rotary)
+        self.lm_head = nn.Linear(c.d_model, c.target_vocab_size, bias=False)
+        self.reset_parameters()
+        if c.tie_output:
+            tie_weights(self.lm_head, self.tgt_embed)
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform for every linear weight, zero biases (embeddings keep their init)."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    def _positions(self, ids: Tensor, offset: int = 0) -> Tensor:
+        T = ids.shape[1]
+        if offset + T > self.config.max_seq_len and self.config.pos_encoding == "learned":
+            raise ValueError(
+                f"sequence of {offset + T} tokens exceeds max_seq_len={self.config.max_seq_len}"
+            )
+        return torch.arange(offset, offset + T, device=ids.device)  # (T,)
+
+    def default_src_mask(self, src: Tensor) -> Tensor | None:
+        """``src != pad_id`` ``(B, S)`` when the config has a pad id, else ``None``."""
+        pad = self.config.pad_id
+        return None if pad is None else src != pad
+
+    def encode(self, src: Tensor, *, src_mask: Tensor | None = None) -> Tensor:
+        """Source ids ``(B, S)`` -> memory ``(B, S, E)``.
+
+        ``src_mask`` ``(B, S)`` is True for real tokens; default ``src != pad_id``.
+        """
+        if src.dim() != 2:
+            raise ValueError(f"src must be (B, S) token ids, got shape {tuple(src.shape)}")
+        src_mask = self.default_src_mask(src) if src_mask is None else src_mask
+        pos = self._positions(src)
+        x = self.dropout(self.pos_encoding.embed(self.src_embed(src), pos))  # (B, S, E)
+        mask = combine_masks(
+            as_attention_mask(src_mask) if src_mask is not None else None,
+            self.pos_encoding.score_bias(pos, pos),
+        )
+        memory, _ = self.encoder(x, mask=mask, positions=pos)
+        return memory
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        *,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        """Target ids ``(B, T)`` + memory ``(B, S, E)`` -> logits ``(B, T, V)``.
+
+        ``src_mask`` ``(B, S)``: real source tokens (pass what :meth:`encode` used).
+        ``tgt_mask`` ``(B, T_cached + T)``: real target tokens (optional; right padding needs
+        none, since the causal mask keeps real positions from seeing it).
+        ``cache``: a :class:`KVCache` with cross-attention, extended by this call.
+        """
+        if tgt.dim() != 2:
+            raise ValueError(f"tgt must be (B, T) token ids, got shape {tuple(tgt.shape)}")
+        offset = cache.seq_len if cache is not None else 0
+        pos = self._positions(tgt, offset)  # (T,)
+        x = self.dropout(self.pos_encoding.embed(self.tgt_embed(tgt), pos))  # (B, T, E)
+        k_pos = torch.arange(offset + tgt.shape[1], device=tgt.device)  # (S_self,)
+        self_mask = combine_masks(
+            as_attention_mask(tgt_mask) if tgt_mask is not None else None,
+            self.pos_encoding.score_bias(pos, k_pos),
+        )
+        memory_mask = as_attention_mask(src_mask) if src_mask is not None else None
+        h, _ = self.decoder(
+            x, memory, mask=self_mask, memory_mask=memory_mask, positions=pos, cache=cache
+        )
+        return self.lm_head(h)
+
+    def forward(
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        *,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        targets: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Teacher-forced pass.
+
+        Args:
+            src: source ids ``(B, S)``. tgt: decoder input ids ``(B, T)`` (BOS + target[:-1]).
+            targets: ``(B, T)`` ids to predict; positions equal to ``pad_id`` are ignored.
+
+        Returns:
+            ``(logits (B, T, V), loss or None)``; the loss is the mean token cross-entropy.
+        """
+        src_mask = self.default_src_mask(src) if src_mask is None else src_mask
+        memory = self.encode(src, src_mask=src_mask)
+        logits = self.decode(tgt, memory, src_mask=src_mask, tgt_mask=tgt_mask)
+        loss = None
+        if targets is not None:
+            ignore = self.config.pad_id if self.config.pad_id is not None else -100
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=ignore)
+        return logits, loss
+
+    def new_cache(self, max_len: int) -> KVCache:
+        """An empty :class:`KVCache` for decoding up to ``max_len`` target tokens."""
+        return KVCache(self.config.num_decoder_layers, max_len, cross_attention=True)
+
+
+PRESETS: dict[str, TransformerConfig] = {
+    # Table 3, "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1; shared BPE vocabulary of 37k.
+    "transformer-base": TransformerConfig(),
+    # Table 3, "big": d_model=1024, d_ff=4096, h=16, P_drop=0.3 (EN-DE).
+    "transformer-big": TransformerConfig(d_model=1024, d_ff=4096, n_heads=16, dropout=0.3),
+    # A CPU-sized model for the synthetic tasks and quick experiments.
+    "transformer-tiny": TransformerConfig(
+        vocab_size=64, d_model=64, n_heads=4, n_layers=2, d_ff=256, dropout=0.1, max_seq_len=64
+    ),
+}
