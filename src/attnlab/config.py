@@ -59,7 +59,5 @@ def config_from_dict(cls: type[C], data: dict[str, Any]) -> C:
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - names)
     if unknown:
-        raise ValueError(
-            f"unknown {cls.__name__} keys {unknown}; valid keys: {sorted(names)}"
-        )
+        raise ValueError(f"unknown {cls.__name__} keys {unknown}; valid keys: {sorted(names)}")
     return cls(**data)

@@ -66,4 +66,5 @@ __all__ = [
     "scaled_dot_product_attention",
     "sinusoidal_table",
     "tie_weights",
+    "to_additive",
 ]

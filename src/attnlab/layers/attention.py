@@ -36,9 +36,7 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int, int, int, int,
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
-            raise ValueError(
-                f"{name} must have 4 dims (B, H, L, D), got shape {tuple(t.shape)}"
-            )
+            raise ValueError(f"{name} must have 4 dims (B, H, L, D), got shape {tuple(t.shape)}")
         if not t.is_floating_point():
             raise TypeError(f"{name} must be floating point, got dtype {t.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
@@ -53,9 +51,7 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int, int, int, int,
     if Dk != D:
         raise ValueError(f"q and k head dims differ: {D} vs {Dk}")
     if v.shape[1] != H_kv or v.shape[2] != S:
-        raise ValueError(
-            f"k and v must share (H_kv, S): k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
+        raise ValueError(f"k and v must share (H_kv, S): k {tuple(k.shape)}, v {tuple(v.shape)}")
     if H_kv == 0 or H % H_kv != 0:
         raise ValueError(f"query heads H={H} must be a multiple of key/value heads H_kv={H_kv}")
     return B, H, H_kv, T, S, D

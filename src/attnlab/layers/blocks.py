@@ -82,8 +82,13 @@ class EncoderLayer(_ResidualBlock):
         super().__init__(dropout, norm_position)
         attn_p = dropout if attn_dropout is None else attn_dropout
         self.self_attn = MultiHeadAttention(
-            d_model, n_heads, n_kv_heads=n_kv_heads, dropout=attn_p, bias=bias,
-            backend=backend, rotary=rotary,
+            d_model,
+            n_heads,
+            n_kv_heads=n_kv_heads,
+            dropout=attn_p,
+            bias=bias,
+            backend=backend,
+            rotary=rotary,
         )
         self.self_attn_norm = build_norm(norm, d_model, eps=norm_eps, bias=bias)
         self.ffn = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
@@ -101,8 +106,12 @@ class EncoderLayer(_ResidualBlock):
     ) -> tuple[Tensor, Tensor | None]:
         """x ``(B, T, E)`` -> ``((B, T, E), weights (B, H, T, S) or None)``."""
         a, w = self.self_attn(
-            self.enter(x, self.self_attn_norm), mask=mask, is_causal=is_causal,
-            positions=positions, cache=cache, need_weights=need_weights,
+            self.enter(x, self.self_attn_norm),
+            mask=mask,
+            is_causal=is_causal,
+            positions=positions,
+            cache=cache,
+            need_weights=need_weights,
         )
         x = self.leave(x, a, self.self_attn_norm)
         x = self.leave(x, self.ffn(self.enter(x, self.ffn_norm)), self.ffn_norm)
@@ -139,8 +148,13 @@ class DecoderLayer(_ResidualBlock):
 
         def mha(rot: PositionalEncoding | None) -> MultiHeadAttention:
             return MultiHeadAttention(
-                d_model, n_heads, n_kv_heads=n_kv_heads, dropout=attn_p, bias=bias,
-                backend=backend, rotary=rot,
+                d_model,
+                n_heads,
+                n_kv_heads=n_kv_heads,
+                dropout=attn_p,
+                bias=bias,
+                backend=backend,
+                rotary=rot,
             )
 
         self.self_attn = mha(rotary)
@@ -177,8 +191,12 @@ class DecoderLayer(_ResidualBlock):
             ``(self (B, H, T, T'), cross (B, H, T, S))`` (each ``None`` unless ``need_weights``).
         """
         a, w_self = self.self_attn(
-            self.enter(x, self.self_attn_norm), mask=mask, is_causal=is_causal,
-            positions=positions, cache=cache, need_weights=need_weights,
+            self.enter(x, self.self_attn_norm),
+            mask=mask,
+            is_causal=is_causal,
+            positions=positions,
+            cache=cache,
+            need_weights=need_weights,
         )
         x = self.leave(x, a, self.self_attn_norm)
         w_cross: Tensor | None = None
@@ -186,8 +204,11 @@ class DecoderLayer(_ResidualBlock):
             if memory is None and not (cross_cache is not None and cross_cache.is_set):
                 raise ValueError("this decoder layer has cross-attention: pass the encoder memory")
             c, w_cross = self.cross_attn(
-                self.enter(x, self.cross_attn_norm), memory,
-                mask=memory_mask, cache=cross_cache, need_weights=need_weights,
+                self.enter(x, self.cross_attn_norm),
+                memory,
+                mask=memory_mask,
+                cache=cross_cache,
+                need_weights=need_weights,
             )
             x = self.leave(x, c, self.cross_attn_norm)
         x = self.leave(x, self.ffn(self.enter(x, self.ffn_norm)), self.ffn_norm)

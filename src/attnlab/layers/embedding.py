@@ -50,9 +50,7 @@ class TokenEmbedding(nn.Module):
             lo, hi = int(ids.min()), int(ids.max())
             if lo < 0 or hi >= self.vocab_size:
                 bad = lo if lo < 0 else hi
-                raise ValueError(
-                    f"token id {bad} is outside the vocabulary [0, {self.vocab_size})"
-                )
+                raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
         emb = nn.functional.embedding(ids, self.weight, padding_idx=self.padding_idx)
         return emb * self.scale if self.scale != 1.0 else emb
 

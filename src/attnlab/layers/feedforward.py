@@ -3,8 +3,8 @@
     FFN(x) = max(0, x W1 + b1) W2 + b2                 (the paper, activation "relu")
     FFN(x) = (act(x W_gate) ⊙ x W_up) W_down           (GLU variants, Shazeer 2020)
 
-"swiglu" uses SiLU as the gate activation, "geglu" GELU. Module names: ``up_proj`` (W1), ``down_proj``
-(W2) and, for gated variants, ``gate_proj``.
+"swiglu" uses SiLU as the gate activation, "geglu" GELU. Module names: ``up_proj`` (W1),
+``down_proj`` (W2) and, for gated variants, ``gate_proj``.
 
 Shapes: (B, T, E) -> (B, T, E); hidden (B, T, F) with F = d_ff.
 

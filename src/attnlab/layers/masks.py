@@ -99,7 +99,7 @@ def as_attention_mask(mask: Tensor) -> Tensor:
     """
     if mask.dim() != 2:
         raise ValueError(f"expected a (B, S) key mask, got shape {tuple(mask.shape)}")
-    if not mask.dtype == torch.bool:
+    if mask.dtype != torch.bool:
         mask = mask != 0
     return mask[:, None, None, :]  # (B, 1, 1, S)
 

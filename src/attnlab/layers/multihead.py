@@ -1,6 +1,7 @@
 """Multi-head attention (§3.2.2), self- and cross-attention, with grouped-query attention.
 
-    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,  head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O
+    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
 
 The h per-head projections are one ``(E, H·D)`` linear each (``q_proj``, ``k_proj``, ``v_proj``)
 reshaped into heads; ``out_proj`` is W^O. With ``n_kv_heads < n_heads`` several query heads share
@@ -63,7 +64,9 @@ class MultiHeadAttention(nn.Module):
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.d_head = d_model // n_heads
         self.dropout = dropout
-        self.backend_name = backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")
+        self.backend_name = (
+            backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")
+        )
         self.backend = get_attention_backend(backend)
         self.q_proj = nn.Linear(d_model, n_heads * self.d_head, bias=bias)
         self.k_proj = nn.Linear(d_model, n_kv_heads * self.d_head, bias=bias)
@@ -138,7 +141,12 @@ class MultiHeadAttention(nn.Module):
             out, weights = cast(
                 tuple[Tensor, Tensor],
                 scaled_dot_product_attention(
-                    q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p,
+                    q,
+                    k,
+                    v,
+                    mask=mask,
+                    is_causal=is_causal,
+                    dropout_p=dropout_p,
                     return_weights=True,
                 ),
             )

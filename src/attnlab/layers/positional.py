@@ -123,9 +123,7 @@ class RotaryEmbedding(PositionalEncoding):
         if d_head % 2:
             raise ValueError(f"RoPE needs an even head dim, got d_head={d_head}")
         if scaling not in ("none", "linear", "ntk", "dynamic"):
-            raise ValueError(
-                f"unknown rope scaling {scaling!r}; valid: none, linear, ntk, dynamic"
-            )
+            raise ValueError(f"unknown rope scaling {scaling!r}; valid: none, linear, ntk, dynamic")
         if factor < 1.0:
             raise ValueError(f"rope scaling factor must be >= 1, got {factor}")
         if layout not in ("half", "interleaved"):

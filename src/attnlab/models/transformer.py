@@ -76,15 +76,20 @@ class TransformerConfig:
 
     def __post_init__(self) -> None:
         check_positive(
-            vocab_size=self.vocab_size, tgt_vocab_size=self.tgt_vocab_size, d_model=self.d_model,
-            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, n_layers=self.n_layers,
-            n_decoder_layers=self.n_decoder_layers, d_ff=self.d_ff, max_seq_len=self.max_seq_len,
-            norm_eps=self.norm_eps, rope_base=self.rope_base,
+            vocab_size=self.vocab_size,
+            tgt_vocab_size=self.tgt_vocab_size,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            n_layers=self.n_layers,
+            n_decoder_layers=self.n_decoder_layers,
+            d_ff=self.d_ff,
+            max_seq_len=self.max_seq_len,
+            norm_eps=self.norm_eps,
+            rope_base=self.rope_base,
         )
         if self.d_model % self.n_heads != 0:
-            raise ValueError(
-                f"n_heads={self.n_heads} does not divide d_model={self.d_model}"
-            )
+            raise ValueError(f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
         if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads != 0:
             raise ValueError(
                 f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}"
@@ -127,9 +132,15 @@ class TransformerConfig:
 
 def _layer_kwargs(c: TransformerConfig) -> dict[str, object]:
     return dict(
-        n_kv_heads=c.n_kv_heads, dropout=c.dropout, attn_dropout=c.attn_dropout,
-        activation=c.activation, norm=c.norm, norm_eps=c.norm_eps,
-        norm_position=c.norm_position, bias=c.bias, backend=c.attn_backend,
+        n_kv_heads=c.n_kv_heads,
+        dropout=c.dropout,
+        attn_dropout=c.attn_dropout,
+        activation=c.activation,
+        norm=c.norm,
+        norm_eps=c.norm_eps,
+        norm_position=c.norm_position,
+        bias=c.bias,
+        backend=c.attn_backend,
     )
 
 
@@ -196,8 +207,15 @@ class Decoder(nn.Module):
         for i, layer in enumerate(self.layers):
             sc, cc = cache.layer(i) if cache is not None else (None, None)
             x, w = layer(
-                x, memory, mask=mask, memory_mask=memory_mask, is_causal=True,
-                positions=positions, cache=sc, cross_cache=cc, need_weights=need_weights,
+                x,
+                memory,
+                mask=mask,
+                memory_mask=memory_mask,
+                is_causal=True,
+                positions=positions,
+                cache=sc,
+                cross_cache=cc,
+                need_weights=need_weights,
             )
             weights.append(w)
         if self.final_norm is not None:
@@ -221,8 +239,13 @@ class EncoderDecoderTransformer(nn.Module):
             else TokenEmbedding(c.target_vocab_size, c.d_model, scale=c.scale_embeddings)
         )
         self.pos_encoding = build_positional_encoding(
-            c.pos_encoding, d_model=c.d_model, n_heads=c.n_heads, max_seq_len=c.max_seq_len,
-            rope_base=c.rope_base, rope_scaling=c.rope_scaling, rope_factor=c.rope_factor,
+            c.pos_encoding,
+            d_model=c.d_model,
+            n_heads=c.n_heads,
+            max_seq_len=c.max_seq_len,
+            rope_base=c.rope_base,
+            rope_scaling=c.rope_scaling,
+            rope_factor=c.rope_factor,
         )
         rotary = self.pos_encoding if isinstance(self.pos_encoding, RotaryEmbedding) else None
         self.dropout = nn.Dropout(c.dropout)
