@@ -87,6 +87,7 @@ def scaled_dot_product_attention(
     Args:
         q: queries. k: keys. v: values.
         mask: bool (True = may attend) or additive float mask, broadcastable to (B, H, T, S).
+            Float entries at -inf or ``finfo(mask.dtype).min`` count as masked keys.
         is_causal: also apply a causal mask, bottom-right aligned when T != S
             (query i sees keys j <= i + S - T). May be combined with ``mask``.
         dropout_p: dropout on the attention weights (pass 0.0 in eval).
@@ -121,9 +122,10 @@ def scaled_dot_product_attention(
         if mask.dtype == torch.bool:
             keep = mask if keep is None else keep & mask
         else:
-            # Additive mask: keys pushed to -inf count as masked, everything else is a bias.
+            # Additive mask: keys at -inf or at the fill value finfo(mask.dtype).min (what
+            # to_additive/combine_masks write) count as masked, everything else is a bias.
             scores = scores + mask.to(compute_dtype)
-            finite = ~torch.isneginf(mask)
+            finite = mask > torch.finfo(mask.dtype).min
             keep = finite if keep is None else keep & finite
     if keep is not None:
         scores = scores.masked_fill(~keep, neg)

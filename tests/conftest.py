@@ -1,0 +1,94 @@
+"""Shared fixtures: deterministic seeding and weight copying from ``torch.nn`` reference modules.
+
+The copiers map PyTorch's module names onto ours so parity tests can run the same weights through
+both implementations:
+
+- ``nn.MultiheadAttention``: ``in_proj_weight``/``in_proj_bias`` (q, k, v stacked) + ``out_proj``
+  -> ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``.
+- ``nn.TransformerEncoderLayer``: ``self_attn``, ``linear1``/``linear2``, ``norm1``/``norm2`` ->
+  ``self_attn``, ``ffn.up_proj``/``ffn.down_proj``, ``self_attn_norm``/``ffn_norm``.
+- ``nn.TransformerDecoderLayer``: additionally ``multihead_attn`` and ``norm2``/``norm3`` ->
+  ``cross_attn`` and ``cross_attn_norm``/``ffn_norm``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+def _copy_linear(dst: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    dst.weight.copy_(weight)
+    if bias is None:
+        assert dst.bias is None
+    else:
+        dst.bias.copy_(bias)
+
+
+def _copy_norm(dst: nn.Module, src: nn.LayerNorm) -> None:
+    dst.weight.copy_(src.weight)
+    if src.bias is not None:
+        dst.bias.copy_(src.bias)
+
+
+@torch.no_grad()
+def copy_mha_weights(ours: nn.Module, theirs: nn.MultiheadAttention) -> None:
+    """Copy an ``nn.MultiheadAttention`` (shared embed dim) into our ``MultiHeadAttention``."""
+    wq, wk, wv = theirs.in_proj_weight.chunk(3, dim=0)
+    if theirs.in_proj_bias is not None:
+        bq, bk, bv = theirs.in_proj_bias.chunk(3, dim=0)
+    else:
+        bq = bk = bv = None
+    _copy_linear(ours.q_proj, wq, bq)
+    _copy_linear(ours.k_proj, wk, bk)
+    _copy_linear(ours.v_proj, wv, bv)
+    _copy_linear(ours.out_proj, theirs.out_proj.weight, theirs.out_proj.bias)
+
+
+@torch.no_grad()
+def _copy_ffn(ours: nn.Module, theirs: nn.Module) -> None:
+    _copy_linear(ours.ffn.up_proj, theirs.linear1.weight, theirs.linear1.bias)
+    _copy_linear(ours.ffn.down_proj, theirs.linear2.weight, theirs.linear2.bias)
+
+
+@torch.no_grad()
+def copy_encoder_layer_weights(ours: nn.Module, theirs: nn.TransformerEncoderLayer) -> None:
+    """Copy an ``nn.TransformerEncoderLayer`` into our ``EncoderLayer``."""
+    copy_mha_weights(ours.self_attn, theirs.self_attn)
+    _copy_ffn(ours, theirs)
+    _copy_norm(ours.self_attn_norm, theirs.norm1)
+    _copy_norm(ours.ffn_norm, theirs.norm2)
+
+
+@torch.no_grad()
+def copy_decoder_layer_weights(ours: nn.Module, theirs: nn.TransformerDecoderLayer) -> None:
+    """Copy an ``nn.TransformerDecoderLayer`` into our ``DecoderLayer``."""
+    copy_mha_weights(ours.self_attn, theirs.self_attn)
+    copy_mha_weights(ours.cross_attn, theirs.multihead_attn)
+    _copy_ffn(ours, theirs)
+    _copy_norm(ours.self_attn_norm, theirs.norm1)
+    _copy_norm(ours.cross_attn_norm, theirs.norm2)
+    _copy_norm(ours.ffn_norm, theirs.norm3)
+
+
+@pytest.fixture
+def copy_mha() -> Callable[[nn.Module, nn.MultiheadAttention], None]:
+    return copy_mha_weights
+
+
+@pytest.fixture
+def copy_encoder_layer() -> Callable[[nn.Module, nn.TransformerEncoderLayer], None]:
+    return copy_encoder_layer_weights
+
+
+@pytest.fixture
+def copy_decoder_layer() -> Callable[[nn.Module, nn.TransformerDecoderLayer], None]:
+    return copy_decoder_layer_weights
