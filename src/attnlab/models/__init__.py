@@ -14,19 +14,30 @@ import torch
 from torch import nn
 
 from attnlab.config import config_from_dict
-from attnlab.models import transformer
+from attnlab.models import bert, gpt, transformer, vit
+from attnlab.models.bert import BERT, BERTConfig, BERTOutput, mask_tokens, mask_tokens_for
+from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.transformer import (
     Decoder,
     Encoder,
     EncoderDecoderTransformer,
     TransformerConfig,
 )
+from attnlab.models.vit import ViT, ViTConfig
 from attnlab.registry import Registry
 
 MODEL_TYPES: Registry[tuple[type[Any], type[nn.Module]]] = Registry("model type")
 MODEL_TYPES.add("transformer", (TransformerConfig, EncoderDecoderTransformer))
+MODEL_TYPES.add("gpt", (GPTConfig, GPT))
+MODEL_TYPES.add("bert", (BERTConfig, BERT))
+MODEL_TYPES.add("vit", (ViTConfig, ViT))
 
 PRESETS: dict[str, Any] = {**transformer.PRESETS}
+for _module in (gpt, bert, vit):
+    _clash = sorted(set(PRESETS) & set(_module.PRESETS))
+    if _clash:
+        raise ValueError(f"preset names defined twice: {_clash}")
+    PRESETS.update(_module.PRESETS)
 
 
 def config_for(name: str, **overrides: Any) -> Any:
@@ -83,14 +94,23 @@ def config_from_json_dict(data: dict[str, Any]) -> Any:
 
 
 __all__ = [
+    "BERT",
+    "GPT",
     "MODEL_TYPES",
     "PRESETS",
+    "BERTConfig",
+    "BERTOutput",
     "Decoder",
     "Encoder",
     "EncoderDecoderTransformer",
+    "GPTConfig",
     "TransformerConfig",
+    "ViT",
+    "ViTConfig",
     "build_model",
     "config_for",
     "config_from_json_dict",
+    "mask_tokens",
+    "mask_tokens_for",
     "model_class_for",
 ]

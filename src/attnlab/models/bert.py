@@ -1,0 +1,367 @@
+"""BERT: a bidirectional encoder pre-trained as a masked language model (lesson §10).
+
+Token + learned position + segment (token type) embeddings, summed and normalised; a post-norm
+encoder stack (the paper's residual layout); an optional pooler (tanh dense on [CLS]); an optional
+masked-LM head (dense + activation + norm, then a decoder tied to the token embedding plus a
+per-token bias). :func:`mask_tokens` implements the 80/10/10 corruption of Devlin et al. §3.1.
+
+Shapes: B batch, T tokens, E d_model, V vocabulary, H heads.
+Masks: ``mask`` is a per-token key mask ``(B, T)``, True/1 = real token (Hugging Face's
+``attention_mask``); inside, attention masks are bool True = may attend, broadcast to (B, H, T, T).
+
+Deviations from the references: the FFN of the shared layers also applies dropout to its hidden
+activations (BERT drops only sublayer outputs); equal in eval mode. No next-sentence head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.config import check_choice, check_positive, check_probability
+from attnlab.layers.attention_backends import ATTENTION_BACKENDS
+from attnlab.layers.blocks import EncoderLayer
+from attnlab.layers.embedding import TokenEmbedding, tie_weights
+from attnlab.layers.feedforward import ACTIVATIONS, GATED, activation_names
+from attnlab.layers.masks import as_attention_mask, combine_masks
+from attnlab.layers.norm import NORMS, build_norm
+from attnlab.layers.positional import (
+    POSITIONAL_ENCODINGS,
+    RotaryEmbedding,
+    build_positional_encoding,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BERTConfig:
+    """Hyper-parameters of BERT (defaults: BERT-base, uncased WordPiece vocabulary)."""
+
+    model_type: ClassVar[str] = "bert"
+
+    vocab_size: int = 30522
+    type_vocab_size: int = 2  # segments A/B
+    d_model: int = 768
+    n_heads: int = 12
+    n_kv_heads: int | None = None
+    n_layers: int = 12
+    d_ff: int = 3072
+    dropout: float = 0.1
+    attn_dropout: float | None = None  # None: same as dropout
+    max_seq_len: int = 512
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_eps: float = 1e-12
+    norm_position: Literal["pre", "post"] = "post"
+    activation: str = "gelu"  # exact (erf) GELU
+    pos_encoding: str = "learned"
+    rope_base: float = 10000.0
+    attn_backend: str = "sdpa"
+    bias: bool = True
+    pooler: bool = True  # tanh(dense([CLS])) for sentence-level tasks
+    mlm_head: bool = True  # transform + norm + tied decoder + bias
+    tie_output: bool = True  # MLM decoder shares the token embedding
+    init_std: float = 0.02
+    ignore_index: int = -100
+    pad_id: int | None = 0
+    cls_id: int = 101
+    sep_id: int = 102
+    mask_id: int = 103
+
+    def __post_init__(self) -> None:
+        check_positive(
+            vocab_size=self.vocab_size,
+            type_vocab_size=self.type_vocab_size,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            n_layers=self.n_layers,
+            d_ff=self.d_ff,
+            max_seq_len=self.max_seq_len,
+            norm_eps=self.norm_eps,
+            rope_base=self.rope_base,
+            init_std=self.init_std,
+        )
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads != 0:
+            raise ValueError(
+                f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}"
+            )
+        check_probability(dropout=self.dropout, attn_dropout=self.attn_dropout)
+        check_choice("norm", self.norm, NORMS.keys())
+        check_choice("norm_position", self.norm_position, ["pre", "post"])
+        check_choice("activation", self.activation, activation_names())
+        check_choice("pos_encoding", self.pos_encoding, POSITIONAL_ENCODINGS.keys())
+        check_choice("attn_backend", self.attn_backend, ATTENTION_BACKENDS.keys())
+        if self.pos_encoding == "rope" and self.d_head % 2:
+            raise ValueError(f"rope needs an even head dim, got d_head={self.d_head}")
+        for name in ("pad_id", "cls_id", "sep_id", "mask_id"):
+            tok = getattr(self, name)
+            if tok is not None and not 0 <= tok < self.vocab_size:
+                raise ValueError(f"{name}={tok} is outside the vocabulary [0, {self.vocab_size})")
+
+    @property
+    def d_head(self) -> int:
+        """Per-head dimension d_model / n_heads."""
+        return self.d_model // self.n_heads
+
+    @property
+    def special_ids(self) -> tuple[int, ...]:
+        """Token ids never chosen for masking: [PAD], [CLS], [SEP], [MASK]."""
+        ids = (self.pad_id, self.cls_id, self.sep_id, self.mask_id)
+        return tuple(i for i in ids if i is not None)
+
+
+class BERTOutput(NamedTuple):
+    """What :meth:`BERT.forward` returns (fields are ``None`` when not computed)."""
+
+    hidden: Tensor  # (B, T, E) last encoder layer
+    pooled: Tensor | None  # (B, E) pooler output on [CLS]
+    logits: Tensor | None  # (B, T, V) masked-LM logits
+    loss: Tensor | None  # mean MLM cross-entropy over the positions with a target
+
+
+class MLMHead(nn.Module):
+    """Masked-LM head: dense + activation + norm, then a decoder to the vocabulary (+ bias)."""
+
+    def __init__(
+        self, d_model: int, vocab_size: int, *, activation: str, norm: str, norm_eps: float
+    ) -> None:
+        super().__init__()
+        self.dense = nn.Linear(d_model, d_model)
+        self.act = ACTIVATIONS.get(GATED.get(activation, activation))
+        self.norm = build_norm(norm, d_model, eps=norm_eps)
+        self.decoder = nn.Linear(d_model, vocab_size, bias=False)
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, h: Tensor) -> Tensor:
+        """h ``(B, T, E)`` -> logits ``(B, T, V)``."""
+        return self.decoder(self.norm(self.act(self.dense(h)))) + self.bias
+
+
+class BERT(nn.Module):
+    """BERT encoder with optional pooler and masked-LM head: ``forward(ids) -> BERTOutput``."""
+
+    def __init__(self, config: BERTConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        self.tok_embed = TokenEmbedding(c.vocab_size, c.d_model, scale=False)
+        self.segment_embed = TokenEmbedding(c.type_vocab_size, c.d_model, scale=False)
+        self.pos_encoding = build_positional_encoding(
+            c.pos_encoding,
+            d_model=c.d_model,
+            n_heads=c.n_heads,
+            max_seq_len=c.max_seq_len,
+            rope_base=c.rope_base,
+        )
+        rotary = self.pos_encoding if isinstance(self.pos_encoding, RotaryEmbedding) else None
+        self.embed_norm = build_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
+        self.dropout = nn.Dropout(c.dropout)
+        self.layers = nn.ModuleList(
+            EncoderLayer(
+                c.d_model,
+                c.n_heads,
+                c.d_ff,
+                n_kv_heads=c.n_kv_heads,
+                dropout=c.dropout,
+                attn_dropout=c.attn_dropout,
+                activation=c.activation,
+                norm=c.norm,
+                norm_eps=c.norm_eps,
+                norm_position=c.norm_position,
+                bias=c.bias,
+                backend=c.attn_backend,
+                rotary=rotary,
+            )
+            for _ in range(c.n_layers)
+        )
+        # Pre-norm stacks need a closing norm; the post-norm layers end normalised already.
+        self.final_norm = (
+            build_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
+            if c.norm_position == "pre"
+            else None
+        )
+        self.pooler = nn.Linear(c.d_model, c.d_model) if c.pooler else None
+        self.mlm = (
+            MLMHead(
+                c.d_model, c.vocab_size, activation=c.activation, norm=c.norm, norm_eps=c.norm_eps
+            )
+            if c.mlm_head
+            else None
+        )
+        self.reset_parameters()
+        if self.mlm is not None and c.tie_output:
+            tie_weights(self.mlm.decoder, self.tok_embed)
+
+    def reset_parameters(self) -> None:
+        """BERT init: N(0, init_std) for linears and embeddings, zero biases."""
+        std = self.config.init_std
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=std)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, TokenEmbedding):
+                nn.init.normal_(m.weight, std=std)
+
+    def default_mask(self, ids: Tensor) -> Tensor | None:
+        """``ids != pad_id`` ``(B, T)`` when the config has a pad id, else ``None``."""
+        return None if self.config.pad_id is None else ids != self.config.pad_id
+
+    def embed(self, ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """Token + position + segment embeddings, normalised: ids ``(B, T)`` -> ``(B, T, E)``."""
+        c = self.config
+        if ids.dim() != 2:
+            raise ValueError(f"ids must be (B, T) token ids, got shape {tuple(ids.shape)}")
+        T = ids.shape[1]
+        if c.pos_encoding == "learned" and c.max_seq_len < T:
+            raise ValueError(
+                f"sequence of {T} tokens exceeds max_seq_len={c.max_seq_len} "
+                "(the learned position table)"
+            )
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(ids)
+        elif token_type_ids.shape != ids.shape:
+            raise ValueError(
+                f"token_type_ids must match ids {tuple(ids.shape)}, got "
+                f"{tuple(token_type_ids.shape)}"
+            )
+        elif token_type_ids.numel() and (
+            int(token_type_ids.min()) < 0 or int(token_type_ids.max()) >= c.type_vocab_size
+        ):
+            raise ValueError(
+                f"token_type_ids must lie in [0, {c.type_vocab_size}), got values in "
+                f"[{int(token_type_ids.min())}, {int(token_type_ids.max())}]"
+            )
+        pos = torch.arange(T, device=ids.device)  # (T,)
+        x = self.tok_embed(ids) + self.segment_embed(token_type_ids)  # (B, T, E)
+        x = self.pos_encoding.embed(x, pos)
+        return self.dropout(self.embed_norm(x))
+
+    def forward(
+        self,
+        ids: Tensor,
+        *,
+        token_type_ids: Tensor | None = None,
+        mask: Tensor | None = None,
+        targets: Tensor | None = None,
+    ) -> BERTOutput:
+        """Encode (and predict masked tokens).
+
+        Args:
+            ids: token ids ``(B, T)``, e.g. from :func:`mask_tokens`.
+            token_type_ids: segment ids ``(B, T)`` in ``[0, type_vocab_size)``; default all 0.
+            mask: ``(B, T)`` key mask, True/1 = real token; default ``ids != pad_id``.
+            targets: ``(B, T)`` MLM labels: the original token at masked positions,
+                ``config.ignore_index`` elsewhere (the second output of :func:`mask_tokens`).
+
+        Returns:
+            :class:`BERTOutput` ``(hidden, pooled, logits, loss)``.
+
+        Raises:
+            ValueError: for ids/segments out of range, sequences over the position table, or
+                ``targets`` without an MLM head.
+        """
+        mask = self.default_mask(ids) if mask is None else mask
+        x = self.embed(ids, token_type_ids)  # (B, T, E)
+        pos = torch.arange(ids.shape[1], device=ids.device)  # (T,)
+        attn_mask = combine_masks(
+            as_attention_mask(mask) if mask is not None else None,
+            self.pos_encoding.score_bias(pos, pos),
+        )
+        for layer in self.layers:
+            x, _ = layer(x, mask=attn_mask, positions=pos)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None  # (B, E)
+        logits = self.mlm(x) if self.mlm is not None else None  # (B, T, V)
+        loss = None
+        if targets is not None:
+            if logits is None:
+                raise ValueError("targets need the MLM head; build with mlm_head=True")
+            loss = F.cross_entropy(
+                logits.flatten(0, 1).float(),
+                targets.flatten(),
+                ignore_index=self.config.ignore_index,
+            )
+        return BERTOutput(x, pooled, logits, loss)
+
+
+def mask_tokens(
+    ids: Tensor,
+    *,
+    vocab_size: int,
+    mask_id: int,
+    special_ids: tuple[int, ...] | list[int] = (),
+    mask_prob: float = 0.15,
+    ignore_index: int = -100,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """BERT's masked-LM corruption (Devlin et al. §3.1, "Task #1").
+
+    Each non-special token is selected with probability ``mask_prob``; a selected token becomes
+    ``mask_id`` with probability 0.8, a uniformly random token of ``[0, vocab_size)`` with 0.1,
+    and stays unchanged with 0.1. Only selected positions get a target.
+
+    Args:
+        ids: token ids ``(B, T)`` (any shape works). vocab_size: V for random replacements.
+        mask_id: the [MASK] id. special_ids: ids never selected ([CLS], [SEP], [PAD], ...).
+        mask_prob: selection probability. ignore_index: target of unselected positions.
+        generator: a seeded ``torch.Generator`` for reproducible masks (on ``ids``' device).
+
+    Returns:
+        ``(inputs, targets)`` of ``ids``' shape: corrupted ids, and the original ids at the
+        selected positions (``ignore_index`` elsewhere).
+
+    Raises:
+        ValueError: for a probability outside [0, 1] or a non-integer ``ids``.
+    """
+    if ids.is_floating_point() or ids.dtype == torch.bool:
+        raise ValueError(f"ids must be an integer tensor, got dtype {ids.dtype}")
+    if not 0.0 <= mask_prob <= 1.0:
+        raise ValueError(f"mask_prob must be in [0, 1], got {mask_prob}")
+
+    def draw(p: float) -> Tensor:
+        return torch.rand(ids.shape, generator=generator, device=ids.device) < p
+
+    special = torch.zeros_like(ids, dtype=torch.bool)
+    for s in special_ids:
+        special |= ids == s
+    selected = draw(mask_prob) & ~special
+    to_mask = selected & draw(0.8)
+    to_random = selected & ~to_mask & draw(0.5)  # half of the remaining 20%
+    random_ids = torch.randint(
+        vocab_size, ids.shape, generator=generator, device=ids.device, dtype=ids.dtype
+    )
+    inputs = torch.where(to_mask, torch.full_like(ids, mask_id), ids)
+    inputs = torch.where(to_random, random_ids, inputs)
+    targets = torch.where(selected, ids, torch.full_like(ids, ignore_index))
+    return inputs, targets
+
+
+def mask_tokens_for(
+    config: BERTConfig, ids: Tensor, *, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
+    """:func:`mask_tokens` with the vocabulary, [MASK] id, special ids and ignore index of
+    ``config``."""
+    return mask_tokens(
+        ids,
+        vocab_size=config.vocab_size,
+        mask_id=config.mask_id,
+        special_ids=config.special_ids,
+        ignore_index=config.ignore_index,
+        generator=generator,
+    )
+
+
+PRESETS: dict[str, BERTConfig] = {
+    # Devlin et al. 2019, Table/§3: the encoder and pooler as published (Hugging Face's
+    # BertModel). Pass mlm_head=True to pre-train with the masked-LM head.
+    "bert-base": BERTConfig(mlm_head=False),
+    "bert-large": BERTConfig(d_model=1024, n_heads=16, n_layers=24, d_ff=4096, mlm_head=False),
+    # A CPU-sized masked LM (Turc et al. 2019's BERT-Tiny shape: L=2, H=128, A=2).
+    "bert-tiny": BERTConfig(d_model=128, n_heads=2, n_layers=2, d_ff=512),
+}

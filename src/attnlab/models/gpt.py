@@ -1,0 +1,314 @@
+"""Decoder-only language models: GPT-2/GPT-3 and the Llama family (lesson §9).
+
+One stack serves both: token embedding, a positional encoding (learned, RoPE, ALiBi, sinusoidal or
+none), N decoder layers *without* cross-attention (causal self-attention + FFN), a final norm and
+an LM head, tied to the token embedding by default. ``GPTConfig`` chooses the parts; the Llama
+presets are the same module with RoPE, RMSNorm, SwiGLU, no biases and an untied head.
+
+Shapes: B batch, T new tokens, S keys (cached + new), E d_model, V vocabulary, H heads.
+Masks: ``mask`` is a per-token key mask ``(B, S)``, True/1 = real token (Hugging Face's
+``attention_mask``); inside, attention masks are bool True = may attend, broadcastable to
+(B, H, T, S), and ALiBi biases are folded in as an additive mask.
+
+Deviations from the references: the FFN of the shared layers applies dropout to its hidden
+activations as well as to its output (GPT-2 only drops the output); equal in eval mode.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.config import check_choice, check_positive, check_probability
+from attnlab.layers.attention_backends import ATTENTION_BACKENDS
+from attnlab.layers.blocks import DecoderLayer
+from attnlab.layers.embedding import TokenEmbedding, tie_weights
+from attnlab.layers.feedforward import activation_names
+from attnlab.layers.kv_cache import KVCache
+from attnlab.layers.masks import as_attention_mask, combine_masks
+from attnlab.layers.norm import NORMS, build_norm
+from attnlab.layers.positional import (
+    POSITIONAL_ENCODINGS,
+    RotaryEmbedding,
+    build_positional_encoding,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPTConfig:
+    """Hyper-parameters of a decoder-only LM (defaults: GPT-2 small, 124M)."""
+
+    model_type: ClassVar[str] = "gpt"
+
+    vocab_size: int = 50257
+    d_model: int = 768
+    n_heads: int = 12
+    n_kv_heads: int | None = None  # None: n_heads (multi-head); fewer: grouped-query attention
+    n_layers: int = 12
+    d_ff: int = 3072
+    dropout: float = 0.1  # embedding, residual and FFN-hidden dropout
+    attn_dropout: float | None = None  # None: same as dropout
+    max_seq_len: int = 1024  # the learned position table / trained context
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_eps: float = 1e-5
+    norm_position: Literal["pre", "post"] = "pre"
+    final_norm: bool | None = None  # None: only with pre-norm
+    activation: str = "gelu_tanh"  # GPT-2's "gelu_new"
+    pos_encoding: str = "learned"
+    rope_base: float = 10000.0
+    rope_scaling: Literal["none", "linear", "ntk", "dynamic"] = "none"
+    rope_factor: float = 1.0
+    attn_backend: str = "sdpa"
+    bias: bool = True
+    tie_output: bool = True  # LM head shares the token embedding
+    init_std: float = 0.02
+    ignore_index: int = -100  # target id skipped by the loss
+    pad_id: int | None = None
+    bos_id: int | None = None
+    eos_id: int | None = 50256
+
+    def __post_init__(self) -> None:
+        check_positive(
+            vocab_size=self.vocab_size,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            n_layers=self.n_layers,
+            d_ff=self.d_ff,
+            max_seq_len=self.max_seq_len,
+            norm_eps=self.norm_eps,
+            rope_base=self.rope_base,
+            init_std=self.init_std,
+        )
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads != 0:
+            raise ValueError(
+                f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}"
+            )
+        check_probability(dropout=self.dropout, attn_dropout=self.attn_dropout)
+        check_choice("norm", self.norm, NORMS.keys())
+        check_choice("norm_position", self.norm_position, ["pre", "post"])
+        check_choice("activation", self.activation, activation_names())
+        check_choice("pos_encoding", self.pos_encoding, POSITIONAL_ENCODINGS.keys())
+        check_choice("rope_scaling", self.rope_scaling, ["none", "linear", "ntk", "dynamic"])
+        check_choice("attn_backend", self.attn_backend, ATTENTION_BACKENDS.keys())
+        if self.pos_encoding == "rope" and self.d_head % 2:
+            raise ValueError(f"rope needs an even head dim, got d_head={self.d_head}")
+        for name in ("pad_id", "bos_id", "eos_id"):
+            tok = getattr(self, name)
+            if tok is not None and not 0 <= tok < self.vocab_size:
+                raise ValueError(f"{name}={tok} is outside the vocabulary [0, {self.vocab_size})")
+
+    @property
+    def d_head(self) -> int:
+        """Per-head dimension d_model / n_heads."""
+        return self.d_model // self.n_heads
+
+    @property
+    def use_final_norm(self) -> bool:
+        return self.norm_position == "pre" if self.final_norm is None else self.final_norm
+
+
+class GPT(nn.Module):
+    """Decoder-only Transformer LM: ``forward(ids) -> (logits, loss)``.
+
+    For generation, create a cache with :meth:`new_cache` and call ``forward`` with it: the first
+    call (the prompt) fills it, later calls pass only the new tokens.
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        self.tok_embed = TokenEmbedding(c.vocab_size, c.d_model, scale=False)
+        self.pos_encoding = build_positional_encoding(
+            c.pos_encoding,
+            d_model=c.d_model,
+            n_heads=c.n_heads,
+            max_seq_len=c.max_seq_len,
+            rope_base=c.rope_base,
+            rope_scaling=c.rope_scaling,
+            rope_factor=c.rope_factor,
+        )
+        rotary = self.pos_encoding if isinstance(self.pos_encoding, RotaryEmbedding) else None
+        self.dropout = nn.Dropout(c.dropout)
+        self.layers = nn.ModuleList(
+            DecoderLayer(
+                c.d_model,
+                c.n_heads,
+                c.d_ff,
+                cross_attention=False,
+                n_kv_heads=c.n_kv_heads,
+                dropout=c.dropout,
+                attn_dropout=c.attn_dropout,
+                activation=c.activation,
+                norm=c.norm,
+                norm_eps=c.norm_eps,
+                norm_position=c.norm_position,
+                bias=c.bias,
+                backend=c.attn_backend,
+                rotary=rotary,
+            )
+            for _ in range(c.n_layers)
+        )
+        self.final_norm = (
+            build_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias) if c.use_final_norm else None
+        )
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.reset_parameters()
+        if c.tie_output:
+            tie_weights(self.lm_head, self.tok_embed)
+
+    def reset_parameters(self) -> None:
+        """GPT-2 init: N(0, init_std) for linears and embeddings, zero biases, and the residual
+        projections (``out_proj``, ``down_proj``) scaled by 1/sqrt(2·n_layers)."""
+        std = self.config.init_std
+        resid_std = std / math.sqrt(2 * self.config.n_layers)
+        for name, m in self.named_modules():
+            if isinstance(m, nn.Linear):
+                residual = name.rsplit(".", 1)[-1] in ("out_proj", "down_proj")
+                nn.init.normal_(m.weight, std=resid_std if residual else std)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        nn.init.normal_(self.tok_embed.weight, std=std)
+
+    def _positions(self, T: int, offset: int, device: torch.device) -> Tensor:
+        if offset + T > self.config.max_seq_len and self.config.pos_encoding == "learned":
+            raise ValueError(
+                f"sequence of {offset + T} tokens exceeds max_seq_len={self.config.max_seq_len} "
+                "(the learned position table)"
+            )
+        return torch.arange(offset, offset + T, device=device)  # (T,)
+
+    def hidden_states(
+        self,
+        ids: Tensor,
+        *,
+        mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        """The final (normalised) hidden states ``(B, T, E)``; arguments as :meth:`forward`."""
+        if ids.dim() != 2:
+            raise ValueError(f"ids must be (B, T) token ids, got shape {tuple(ids.shape)}")
+        B, T = ids.shape
+        offset = cache.seq_len if cache is not None else 0
+        if mask is not None and mask.shape != (B, offset + T):
+            raise ValueError(
+                f"mask must be (B, cached + T) = ({B}, {offset + T}), got {tuple(mask.shape)}"
+            )
+        index = self._positions(T, offset, ids.device)  # (T,)
+        pos = index if positions is None else positions  # (T,) | (B, T)
+        x = self.dropout(self.pos_encoding.embed(self.tok_embed(ids), pos))  # (B, T, E)
+        # ALiBi depends on distances only, so token indices serve (also for shifted positions).
+        k_index = torch.arange(offset + T, device=ids.device)  # (S,)
+        attn_mask = combine_masks(
+            as_attention_mask(mask) if mask is not None else None,
+            self.pos_encoding.score_bias(index, k_index),  # (H, T, S) or None
+        )
+        for i, layer in enumerate(self.layers):
+            layer_cache = cache.layer(i)[0] if cache is not None else None
+            x, _ = layer(x, mask=attn_mask, is_causal=True, positions=pos, cache=layer_cache)
+        return self.final_norm(x) if self.final_norm is not None else x
+
+    def forward(
+        self,
+        ids: Tensor,
+        *,
+        targets: Tensor | None = None,
+        mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Next-token logits (and the loss).
+
+        Args:
+            ids: token ids ``(B, T)``; with a ``cache``, only the tokens not yet cached.
+            targets: ``(B, T)`` the token to predict at each position (``ids`` shifted left by
+                one); ``config.ignore_index`` entries are skipped.
+            mask: ``(B, S)`` key mask over cached + new tokens, True/1 = real token (padding).
+            positions: ``(T,)`` or ``(B, T)`` absolute positions of the new tokens (e.g. shifted
+                for left-padded prompts); default continues after the cache.
+            cache: a :class:`KVCache` from :meth:`new_cache`, extended in place.
+
+        Returns:
+            ``(logits (B, T, V), loss or None)``; the loss is the mean token cross-entropy.
+
+        Raises:
+            ValueError: for ids outside the vocabulary, sequences longer than the learned
+                position table, or a mask of the wrong shape.
+        """
+        h = self.hidden_states(ids, mask=mask, positions=positions, cache=cache)
+        logits = self.lm_head(h)  # (B, T, V)
+        loss = None
+        if targets is not None:
+            if targets.shape != ids.shape:
+                raise ValueError(
+                    f"targets must match ids {tuple(ids.shape)}, got {tuple(targets.shape)}"
+                )
+            loss = F.cross_entropy(
+                logits.flatten(0, 1).float(),
+                targets.flatten(),
+                ignore_index=self.config.ignore_index,
+            )
+        return logits, loss
+
+    def new_cache(self, max_len: int | None = None) -> KVCache:
+        """An empty :class:`KVCache` for up to ``max_len`` tokens (default ``max_seq_len``)."""
+        return KVCache(self.config.n_layers, max_len or self.config.max_seq_len)
+
+
+def _gpt2(d_model: int, n_layers: int, n_heads: int, max_seq_len: int = 1024) -> GPTConfig:
+    return GPTConfig(
+        d_model=d_model,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        d_ff=4 * d_model,
+        max_seq_len=max_seq_len,
+    )
+
+
+PRESETS: dict[str, GPTConfig] = {
+    # GPT-2 (Radford et al. 2019), the four released sizes; vocab 50257, context 1024.
+    "gpt2-small": _gpt2(768, 12, 12),
+    "gpt2-medium": _gpt2(1024, 24, 16),
+    "gpt2-large": _gpt2(1280, 36, 20),
+    "gpt2-xl": _gpt2(1600, 48, 25),
+    # GPT-3 175B (Brown et al. 2020, Table 2.1) in GPT-2's dense architecture (no sparse layers).
+    "gpt3-175b": _gpt2(12288, 96, 96, max_seq_len=2048),
+    # Llama 2 7B (Touvron et al. 2023): RoPE, RMSNorm, SwiGLU, no biases, untied head.
+    "llama2-7b": GPTConfig(
+        vocab_size=32000,
+        d_model=4096,
+        n_heads=32,
+        n_layers=32,
+        d_ff=11008,
+        dropout=0.0,
+        max_seq_len=4096,
+        norm="rmsnorm",
+        norm_eps=1e-5,
+        activation="swiglu",
+        pos_encoding="rope",
+        bias=False,
+        tie_output=False,
+        pad_id=None,
+        bos_id=1,
+        eos_id=2,
+    ),
+    # A character-level model for CPU examples (Karpathy's "baby GPT" shape).
+    "gpt-char-baby": GPTConfig(
+        vocab_size=256,
+        d_model=128,
+        n_heads=4,
+        n_layers=4,
+        d_ff=512,
+        dropout=0.1,
+        max_seq_len=64,
+        eos_id=None,
+    ),
+}

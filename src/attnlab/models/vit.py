@@ -1,0 +1,208 @@
+"""The Vision Transformer (Dosovitskiy et al. 2020, "An Image is Worth 16x16 Words"; lesson §10).
+
+Images are cut into ``p x p`` patches, each linearly projected to ``d_model``
+(:class:`~attnlab.layers.patch_embedding.PatchEmbedding`); a learnable [CLS] token is prepended,
+learned position embeddings are added, a pre-norm encoder stack and a final norm follow, and a
+linear head classifies the [CLS] output (eq. 1-4 of the paper).
+
+Shapes: B batch, C channels, H = W image side, P patches, E d_model, K classes.
+
+Deviations from the paper: the classification head is a single linear layer (the fine-tuning
+head of the paper; pre-training used an MLP with one hidden layer). The FFN of the shared layers
+applies dropout to its hidden activations as well; equal in eval mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.config import check_choice, check_positive, check_probability
+from attnlab.layers.attention_backends import ATTENTION_BACKENDS
+from attnlab.layers.blocks import EncoderLayer
+from attnlab.layers.feedforward import activation_names
+from attnlab.layers.norm import NORMS, build_norm
+from attnlab.layers.patch_embedding import PatchEmbedding
+from attnlab.layers.positional import (
+    LearnedPositionalEmbedding,
+    NoPositionalEncoding,
+    PositionalEncoding,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ViTConfig:
+    """Hyper-parameters of a ViT classifier (defaults: ViT-B/16 at 224x224, 1000 classes)."""
+
+    model_type: ClassVar[str] = "vit"
+
+    image_size: int = 224  # square images H = W
+    patch_size: int = 16
+    in_channels: int = 3
+    n_classes: int = 1000
+    d_model: int = 768
+    n_heads: int = 12
+    n_kv_heads: int | None = None
+    n_layers: int = 12
+    d_ff: int = 3072
+    dropout: float = 0.0
+    attn_dropout: float | None = None  # None: same as dropout
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_eps: float = 1e-12
+    norm_position: Literal["pre", "post"] = "pre"
+    activation: str = "gelu"
+    pos_encoding: Literal["learned", "none"] = "learned"  # "none": permutation-equivariant
+    pool: Literal["cls", "mean"] = "cls"  # classify the [CLS] output or the mean patch output
+    attn_backend: str = "sdpa"
+    bias: bool = True
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        check_positive(
+            image_size=self.image_size,
+            patch_size=self.patch_size,
+            in_channels=self.in_channels,
+            n_classes=self.n_classes,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            n_layers=self.n_layers,
+            d_ff=self.d_ff,
+            norm_eps=self.norm_eps,
+            init_std=self.init_std,
+        )
+        if self.image_size % self.patch_size:
+            raise ValueError(
+                f"image_size={self.image_size} is not a multiple of patch_size={self.patch_size}"
+            )
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads != 0:
+            raise ValueError(
+                f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}"
+            )
+        check_probability(dropout=self.dropout, attn_dropout=self.attn_dropout)
+        check_choice("norm", self.norm, NORMS.keys())
+        check_choice("norm_position", self.norm_position, ["pre", "post"])
+        check_choice("activation", self.activation, activation_names())
+        check_choice("pos_encoding", self.pos_encoding, ["learned", "none"])
+        check_choice("pool", self.pool, ["cls", "mean"])
+        check_choice("attn_backend", self.attn_backend, ATTENTION_BACKENDS.keys())
+
+    @property
+    def d_head(self) -> int:
+        """Per-head dimension d_model / n_heads."""
+        return self.d_model // self.n_heads
+
+    @property
+    def n_patches(self) -> int:
+        """P = (image_size / patch_size)²."""
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def max_seq_len(self) -> int:
+        """Tokens per image: the patches and [CLS]."""
+        return self.n_patches + 1
+
+
+class ViT(nn.Module):
+    """Vision Transformer classifier: ``forward(images) -> logits (B, K)``."""
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        self.patch_embed = PatchEmbedding(c.image_size, c.patch_size, c.in_channels, c.d_model)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.d_model))
+        self.pos_encoding: PositionalEncoding = (
+            LearnedPositionalEmbedding(c.d_model, c.max_seq_len)
+            if c.pos_encoding == "learned"
+            else NoPositionalEncoding()
+        )
+        self.dropout = nn.Dropout(c.dropout)
+        self.layers = nn.ModuleList(
+            EncoderLayer(
+                c.d_model,
+                c.n_heads,
+                c.d_ff,
+                n_kv_heads=c.n_kv_heads,
+                dropout=c.dropout,
+                attn_dropout=c.attn_dropout,
+                activation=c.activation,
+                norm=c.norm,
+                norm_eps=c.norm_eps,
+                norm_position=c.norm_position,
+                bias=c.bias,
+                backend=c.attn_backend,
+            )
+            for _ in range(c.n_layers)
+        )
+        self.final_norm = build_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
+        self.head = nn.Linear(c.d_model, c.n_classes)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Truncated N(0, init_std) for linears, the patch projection, [CLS] and positions."""
+        std = self.config.init_std
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Conv2d)):
+                nn.init.trunc_normal_(m.weight, std=std, a=-2 * std, b=2 * std)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        nn.init.trunc_normal_(self.cls_token, std=std, a=-2 * std, b=2 * std)
+        if isinstance(self.pos_encoding, LearnedPositionalEmbedding):
+            nn.init.trunc_normal_(self.pos_encoding.weight, std=std, a=-2 * std, b=2 * std)
+
+    def features(self, images: Tensor) -> Tensor:
+        """The normalised encoder output ``(B, 1 + P, E)`` ([CLS] first).
+
+        Raises:
+            ValueError: for images of the wrong rank, channel count or size.
+        """
+        x = self.patch_embed(images)  # (B, P, E)
+        cls = self.cls_token.expand(x.shape[0], -1, -1)  # (B, 1, E)
+        x = torch.cat((cls, x), dim=1)  # (B, 1 + P, E)
+        pos = torch.arange(x.shape[1], device=x.device)  # (1 + P,)
+        x = self.dropout(self.pos_encoding.embed(x, pos))
+        for layer in self.layers:
+            x, _ = layer(x)
+        return self.final_norm(x)
+
+    def forward(self, images: Tensor) -> Tensor:
+        """Classify images ``(B, C, H, W)`` -> logits ``(B, K)``.
+
+        Raises:
+            ValueError: for images of the wrong rank, channel count or size.
+        """
+        h = self.features(images)  # (B, 1 + P, E)
+        pooled = h[:, 0] if self.config.pool == "cls" else h[:, 1:].mean(dim=1)  # (B, E)
+        return self.head(pooled)
+
+
+def _vit(d_model: int, n_layers: int, n_heads: int, d_ff: int, patch_size: int) -> ViTConfig:
+    return ViTConfig(
+        d_model=d_model, n_layers=n_layers, n_heads=n_heads, d_ff=d_ff, patch_size=patch_size
+    )
+
+
+PRESETS: dict[str, ViTConfig] = {
+    # Table 1 of the paper at 224x224 with a 1000-class (ImageNet) head.
+    "vit-b16": _vit(768, 12, 12, 3072, 16),
+    "vit-l16": _vit(1024, 24, 16, 4096, 16),
+    "vit-h14": _vit(1280, 32, 16, 5120, 14),
+    # 8x8 grey-scale digits (scikit-learn's load_digits shape), 2x2 patches, 10 classes.
+    "vit-digits": ViTConfig(
+        image_size=8,
+        patch_size=2,
+        in_channels=1,
+        n_classes=10,
+        d_model=64,
+        n_heads=4,
+        n_layers=4,
+        d_ff=128,
+        dropout=0.1,
+        norm_eps=1e-6,
+    ),
+}
