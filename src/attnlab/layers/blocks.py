@@ -55,8 +55,10 @@ class EncoderLayer(_ResidualBlock):
 
     Args:
         d_model, n_heads, d_ff: sizes. n_kv_heads: GQA kv heads (default n_heads).
-        dropout: residual dropout (and FFN hidden dropout). attn_dropout: dropout on attention
-            weights (default ``dropout``).
+        dropout: residual dropout on each sublayer's output (§5.4). attn_dropout: dropout on
+            attention weights (default ``dropout``). ffn_dropout: dropout on the FFN's hidden
+            activations (default 0: the paper, GPT-2, BERT and ViT have none; ``torch.nn``'s
+            layers use ``dropout`` there).
         activation: FFN activation. norm: ``"layernorm"``/``"rmsnorm"``. norm_eps: its epsilon.
         norm_position: ``"post"`` (paper) or ``"pre"``. bias: biases in linears and LayerNorm.
         backend: attention backend. rotary: RoPE module applied to q/k (or ``None``).
@@ -71,6 +73,7 @@ class EncoderLayer(_ResidualBlock):
         n_kv_heads: int | None = None,
         dropout: float = 0.0,
         attn_dropout: float | None = None,
+        ffn_dropout: float = 0.0,
         activation: str = "relu",
         norm: str = "layernorm",
         norm_eps: float = 1e-5,
@@ -91,7 +94,7 @@ class EncoderLayer(_ResidualBlock):
             rotary=rotary,
         )
         self.self_attn_norm = build_norm(norm, d_model, eps=norm_eps, bias=bias)
-        self.ffn = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
+        self.ffn = FeedForward(d_model, d_ff, activation=activation, dropout=ffn_dropout, bias=bias)
         self.ffn_norm = build_norm(norm, d_model, eps=norm_eps, bias=bias)
 
     def forward(
@@ -135,6 +138,7 @@ class DecoderLayer(_ResidualBlock):
         n_kv_heads: int | None = None,
         dropout: float = 0.0,
         attn_dropout: float | None = None,
+        ffn_dropout: float = 0.0,
         activation: str = "relu",
         norm: str = "layernorm",
         norm_eps: float = 1e-5,
@@ -163,7 +167,7 @@ class DecoderLayer(_ResidualBlock):
         self.cross_attn_norm = (
             build_norm(norm, d_model, eps=norm_eps, bias=bias) if cross_attention else None
         )
-        self.ffn = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
+        self.ffn = FeedForward(d_model, d_ff, activation=activation, dropout=ffn_dropout, bias=bias)
         self.ffn_norm = build_norm(norm, d_model, eps=norm_eps, bias=bias)
 
     def forward(
