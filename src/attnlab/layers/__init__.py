@@ -4,7 +4,20 @@ This package never imports ``attnlab.models``, ``training``, ``generation`` or o
 """
 
 from attnlab.layers.attention import scaled_dot_product_attention
-from attnlab.layers.attention_backends import ATTENTION_BACKENDS, get_attention_backend
+from attnlab.layers.attention_backends import (
+    ATTENTION_BACKEND_FACTORIES,
+    ATTENTION_BACKENDS,
+    get_attention_backend,
+)
+
+# The efficient backends register themselves in ATTENTION_BACKENDS on import (after the registry).
+from attnlab.layers.attention_chunked import ChunkedAttention, chunked_attention
+from attnlab.layers.attention_linear import LinearAttention, linear_attention
+from attnlab.layers.attention_sliding import (
+    SlidingWindowAttention,
+    sliding_window_attention,
+    sliding_window_mask,
+)
 from attnlab.layers.blocks import DecoderLayer, EncoderLayer
 from attnlab.layers.embedding import TokenEmbedding, tie_weights
 from attnlab.layers.feedforward import ACTIVATIONS, FeedForward, activation_names
@@ -35,9 +48,11 @@ from attnlab.layers.positional import (
 __all__ = [
     "ACTIVATIONS",
     "ATTENTION_BACKENDS",
+    "ATTENTION_BACKEND_FACTORIES",
     "NORMS",
     "POSITIONAL_ENCODINGS",
     "ALiBi",
+    "ChunkedAttention",
     "CrossKVCache",
     "DecoderLayer",
     "EncoderLayer",
@@ -46,12 +61,14 @@ __all__ = [
     "LayerKVCache",
     "LayerNorm",
     "LearnedPositionalEmbedding",
+    "LinearAttention",
     "MultiHeadAttention",
     "NoPositionalEncoding",
     "PositionalEncoding",
     "RMSNorm",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
+    "SlidingWindowAttention",
     "TokenEmbedding",
     "activation_names",
     "alibi_slopes",
@@ -59,12 +76,16 @@ __all__ = [
     "build_norm",
     "build_positional_encoding",
     "causal_mask",
+    "chunked_attention",
     "combine_masks",
     "get_attention_backend",
+    "linear_attention",
     "padding_mask_from_ids",
     "padding_mask_from_lengths",
     "scaled_dot_product_attention",
     "sinusoidal_table",
+    "sliding_window_attention",
+    "sliding_window_mask",
     "tie_weights",
     "to_additive",
 ]

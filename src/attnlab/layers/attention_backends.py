@@ -10,6 +10,12 @@ bottom-right aligned when T != S. Backends:
   the only one that returns weights.
 - ``"sdpa"``: ``torch.nn.functional.scaled_dot_product_attention`` (flash / memory-efficient
   kernels where PyTorch has them).
+- ``"chunked"``, ``"sliding_window"``, ``"linear"``: the efficient backends of
+  :mod:`attnlab.layers.attention_chunked`, :mod:`attnlab.layers.attention_sliding` and
+  :mod:`attnlab.layers.attention_linear`, registered when :mod:`attnlab.layers` is imported.
+
+Backends with options (a window size, a block size, a feature map) also register a factory in
+``ATTENTION_BACKEND_FACTORIES``; ``get_attention_backend("sliding_window", window=128)`` builds one.
 
 Deviations from PyTorch's SDPA that this wrapper hides: SDPA's ``is_causal`` is top-left aligned
 and cannot be combined with a mask, so for T != S or with a mask we pass an explicit bottom-right
@@ -18,7 +24,8 @@ causal mask instead.
 
 from __future__ import annotations
 
-from typing import Protocol, cast
+from collections.abc import Callable
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +53,12 @@ class AttentionBackend(Protocol):
 
 
 ATTENTION_BACKENDS: Registry[AttentionBackend] = Registry("attention backend")
+
+# Backends that take options: name -> factory(**options) -> backend. The default instance of each
+# is also registered in ATTENTION_BACKENDS under the same name.
+ATTENTION_BACKEND_FACTORIES: Registry[Callable[..., AttentionBackend]] = Registry(
+    "configurable attention backend"
+)
 
 
 @ATTENTION_BACKENDS.register("math")
@@ -93,26 +106,49 @@ def sdpa_attention(
         else:
             mask = mask.masked_fill(~cm, torch.finfo(mask.dtype).min)
         is_causal = False
+    dead: Tensor | None = None  # (..., T, 1): queries whose every key is masked
     if mask is not None and mask.is_floating_point():
+        # SDPA averages such rows uniformly; the library (and the math path) returns zeros.
+        dead = ~(mask > torch.finfo(mask.dtype).min).any(dim=-1, keepdim=True)
         mask = mask.to(q.dtype).clamp_min(torch.finfo(q.dtype).min)
-    return F.scaled_dot_product_attention(
+    out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
     )
+    return out if dead is None else out.masked_fill(dead, 0.0)
 
 
-def get_attention_backend(backend: str | AttentionBackend) -> AttentionBackend:
+def get_attention_backend(backend: str | AttentionBackend, **options: Any) -> AttentionBackend:
     """Resolve a backend name (see ``ATTENTION_BACKENDS.keys()``) or pass a callable through.
 
+    Args:
+        backend: a registered name or a callable with the backend signature.
+        options: keyword options for a configurable backend (``ATTENTION_BACKEND_FACTORIES``),
+            e.g. ``window=128`` for ``"sliding_window"``. Options whose value is ``None`` are
+            dropped, so a model can always pass ``window=config.attn_window``.
+
     Raises:
-        ValueError: for an unknown name, listing the valid ones.
+        ValueError: for an unknown name (listing the valid ones), or options given to a callable
+            or to a backend that takes none.
     """
+    options = {key: value for key, value in options.items() if value is not None}
     if callable(backend):
+        if options:
+            raise ValueError(f"options {sorted(options)} given with a backend callable")
         return backend
-    return ATTENTION_BACKENDS.get(backend)
+    if not options:
+        return ATTENTION_BACKENDS.get(backend)
+    if backend not in ATTENTION_BACKEND_FACTORIES:
+        ATTENTION_BACKENDS.get(backend)  # unknown names: the registry's error lists valid keys
+        raise ValueError(
+            f"attention backend {backend!r} takes no options (got {sorted(options)}); "
+            f"configurable: {', '.join(ATTENTION_BACKEND_FACTORIES.keys())}"
+        )
+    return ATTENTION_BACKEND_FACTORIES.get(backend)(**options)
 
 
 __all__: list[str] = [
     "ATTENTION_BACKENDS",
+    "ATTENTION_BACKEND_FACTORIES",
     "AttentionBackend",
     "get_attention_backend",
     "math_attention",
