@@ -239,3 +239,22 @@ def test_bad_inputs() -> None:
         mha(torch.randn(2, 5, 16), mask=torch.ones(2, 5, dtype=torch.bool))
     with pytest.raises(TypeError, match=r"got dtype torch\.int64"):
         mha(torch.randn(2, 5, 16), mask=torch.ones(5, 5, dtype=torch.long))
+
+
+def test_need_weights_follows_the_backend_pattern() -> None:
+    """Weights come from the math path with the backend's own pattern, never silently wrong."""
+    from attnlab.layers import get_attention_backend, sliding_window_mask
+
+    torch.manual_seed(0)
+    sw = MultiHeadAttention(16, 2, backend=get_attention_backend("sliding_window", window=3))
+    x = torch.randn(1, 7, 16)
+    out_fast, none = sw(x, is_causal=True)
+    out_w, w = sw(x, is_causal=True, need_weights=True)
+    assert none is None and w is not None
+    torch.testing.assert_close(out_w, out_fast, atol=1e-5, rtol=1e-5)
+    banned = ~sliding_window_mask(7, 7, window=3, is_causal=True)
+    assert torch.all(w[..., banned] == 0)
+
+    lin = MultiHeadAttention(16, 2, backend="linear")
+    with pytest.raises(ValueError, match="no softmax attention weights"):
+        lin(x, need_weights=True)

@@ -286,6 +286,7 @@ class LinearAttention:
     """
 
     __name__ = "linear"
+    softmax = False  # no softmax weights exist: MultiHeadAttention(need_weights=True) refuses
 
     def __init__(
         self,

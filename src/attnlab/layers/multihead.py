@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from attnlab.layers.attention import scaled_dot_product_attention
 from attnlab.layers.attention_backends import AttentionBackend, get_attention_backend
 from attnlab.layers.kv_cache import CrossKVCache, LayerKVCache, positions_for
+from attnlab.layers.masks import combine_masks
 from attnlab.layers.positional import PositionalEncoding
 
 
@@ -95,7 +96,8 @@ class MultiHeadAttention(nn.Module):
             x: queries' input. memory: keys/values' input for cross-attention.
             mask: bool (True = may attend) / additive float, broadcastable to (B, H, T, S).
             is_causal: causal mask (bottom-right aligned when T != S, e.g. with a cache).
-            need_weights: also return per-head weights, computed by the math path.
+            need_weights: also return per-head weights, computed by the math path (with the
+                backend's sparsity pattern; an error for linear attention).
             positions: absolute positions of x's tokens for RoPE, ``(T,)|(B, T)``; default
                 continues after what ``cache`` holds.
             cache: a :class:`LayerKVCache` (self-attention) or :class:`CrossKVCache`.
@@ -138,22 +140,34 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         weights: Tensor | None = None
         if need_weights:
-            out, weights = cast(
-                tuple[Tensor, Tensor],
-                scaled_dot_product_attention(
-                    q,
-                    k,
-                    v,
-                    mask=mask,
-                    is_causal=is_causal,
-                    dropout_p=dropout_p,
-                    return_weights=True,
-                ),
-            )
+            out, weights = self._attention_with_weights(q, k, v, mask, is_causal, dropout_p)
         else:
             out = self.backend(q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p)
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.d_head)  # (B, T, H·D)
         return self.out_proj(out), weights
+
+    def _attention_with_weights(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, p: float
+    ) -> tuple[Tensor, Tensor]:
+        """The math path, with this backend's sparsity pattern, so weights are the real ones.
+
+        Exact softmax backends (math, sdpa, chunked) need nothing extra; a backend with a
+        ``dense_mask`` (sliding window) contributes its pattern as a mask; a backend that computes
+        no softmax weights (linear attention, ``softmax = False``) raises ``ValueError``.
+        """
+        if getattr(self.backend, "softmax", True) is False:
+            raise ValueError(
+                f"backend {self.backend_name!r} computes no softmax attention weights; "
+                "use a softmax backend (math, sdpa, chunked, sliding_window) for need_weights"
+            )
+        dense_mask = getattr(self.backend, "dense_mask", None)
+        if dense_mask is not None:
+            T, S = q.shape[-2], k.shape[-2]
+            mask = combine_masks(mask, dense_mask(T, S, is_causal=is_causal, device=q.device))
+        out = scaled_dot_product_attention(
+            q, k, v, mask=mask, is_causal=is_causal, dropout_p=p, return_weights=True
+        )
+        return cast(tuple[Tensor, Tensor], out)
 
     def extra_repr(self) -> str:
         return (
