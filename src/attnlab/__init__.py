@@ -1,10 +1,12 @@
 """attnlab: the Transformer family from first principles.
 
-Public API: model configs and classes, :data:`PRESETS`, :func:`build_model`, and the layer
-package :mod:`attnlab.layers`.
+Public API: model configs and classes, :data:`PRESETS`, :func:`build_model`, checkpoints
+(:func:`from_pretrained` for attnlab's and Hugging Face's formats, :func:`save_pretrained`),
+sentence embeddings (:func:`embed`), and the layer package :mod:`attnlab.layers`.
 """
 
 from attnlab.analysis.params import count_params
+from attnlab.hub import from_pretrained, save_pretrained
 from attnlab.models import (
     BERT,
     GPT,
@@ -20,6 +22,7 @@ from attnlab.models import (
     config_for,
     mask_tokens,
 )
+from attnlab.sentence import embed
 
 __version__ = "0.1.0"
 
@@ -38,5 +41,8 @@ __all__ = [
     "build_model",
     "config_for",
     "count_params",
+    "embed",
+    "from_pretrained",
     "mask_tokens",
+    "save_pretrained",
 ]

@@ -34,6 +34,7 @@ from attnlab.layers.positional import (
     RotaryEmbedding,
     build_positional_encoding,
 )
+from attnlab.models.base import PretrainedMixin
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,7 +143,7 @@ class MLMHead(nn.Module):
         return self.decoder(self.norm(self.act(self.dense(h)))) + self.bias
 
 
-class BERT(nn.Module):
+class BERT(PretrainedMixin, nn.Module):
     """BERT encoder with optional pooler and masked-LM head: ``forward(ids) -> BERTOutput``."""
 
     def __init__(self, config: BERTConfig) -> None:

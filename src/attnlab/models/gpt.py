@@ -1,9 +1,10 @@
 """Decoder-only language models: GPT-2/GPT-3 and the Llama family (lesson §9).
 
 One stack serves both: token embedding, a positional encoding (learned, RoPE, ALiBi, sinusoidal or
-none), N decoder layers *without* cross-attention (causal self-attention + FFN), a final norm and
-an LM head, tied to the token embedding by default. ``GPTConfig`` chooses the parts; the Llama
-presets are the same module with RoPE, RMSNorm, SwiGLU, no biases and an untied head.
+none), optionally a norm on the embeddings (BLOOM's ``embed_norm``), N decoder layers *without*
+cross-attention (causal self-attention + FFN), a final norm and an LM head, tied to the token
+embedding by default. ``GPTConfig`` chooses the parts; the Llama presets are the same module with
+RoPE, RMSNorm, SwiGLU, no biases and an untied head.
 
 Shapes: B batch, T new tokens, S keys (cached + new), E d_model, V vocabulary, H heads.
 Masks: ``mask`` is a per-token key mask ``(B, S)``, True/1 = real token (Hugging Face's
@@ -37,6 +38,7 @@ from attnlab.layers.positional import (
     RotaryEmbedding,
     build_positional_encoding,
 )
+from attnlab.models.base import PretrainedMixin
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +60,7 @@ class GPTConfig:
     norm_eps: float = 1e-5
     norm_position: Literal["pre", "post"] = "pre"
     final_norm: bool | None = None  # None: only with pre-norm
+    embed_norm: bool = False  # a norm on the summed embeddings (BLOOM)
     activation: str = "gelu_tanh"  # GPT-2's "gelu_new"
     pos_encoding: str = "learned"
     rope_base: float = 10000.0
@@ -115,7 +118,7 @@ class GPTConfig:
         return self.norm_position == "pre" if self.final_norm is None else self.final_norm
 
 
-class GPT(nn.Module):
+class GPT(PretrainedMixin, nn.Module):
     """Decoder-only Transformer LM: ``forward(ids) -> (logits, loss)``.
 
     For generation, create a cache with :meth:`new_cache` and call ``forward`` with it: the first
@@ -136,6 +139,9 @@ class GPT(nn.Module):
             rope_factor=c.rope_factor,
         )
         rotary = self.pos_encoding if isinstance(self.pos_encoding, RotaryEmbedding) else None
+        self.embed_norm = (
+            build_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias) if c.embed_norm else None
+        )
         self.dropout = nn.Dropout(c.dropout)
         self.layers = nn.ModuleList(
             DecoderLayer(
@@ -204,7 +210,10 @@ class GPT(nn.Module):
             )
         index = self._positions(T, offset, ids.device)  # (T,)
         pos = index if positions is None else positions  # (T,) | (B, T)
-        x = self.dropout(self.pos_encoding.embed(self.tok_embed(ids), pos))  # (B, T, E)
+        x = self.pos_encoding.embed(self.tok_embed(ids), pos)  # (B, T, E)
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
+        x = self.dropout(x)
         # ALiBi depends on distances only, so token indices serve (also for shifted positions).
         k_index = torch.arange(offset + T, device=ids.device)  # (S,)
         attn_mask = combine_masks(

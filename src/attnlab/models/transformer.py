@@ -37,6 +37,7 @@ from attnlab.layers.positional import (
     RotaryEmbedding,
     build_positional_encoding,
 )
+from attnlab.models.base import PretrainedMixin
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +71,7 @@ class TransformerConfig:
     scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model), §3.4
     share_embeddings: bool = True  # one table for source and target (needs a shared vocabulary)
     tie_output: bool = True  # pre-softmax projection = target embedding, §3.4
+    output_bias: bool = False  # a bias on the pre-softmax projection (Marian has one)
     pad_id: int | None = 0
     bos_id: int = 1
     eos_id: int = 2
@@ -223,7 +225,7 @@ class Decoder(nn.Module):
         return x, weights
 
 
-class EncoderDecoderTransformer(nn.Module):
+class EncoderDecoderTransformer(PretrainedMixin, nn.Module):
     """The paper's model: ``forward(src, tgt) -> (logits, loss)``.
 
     Use :meth:`encode` once and :meth:`decode` per step (with a :class:`KVCache`) to generate.
@@ -251,7 +253,7 @@ class EncoderDecoderTransformer(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
         self.encoder = Encoder(c, rotary)
         self.decoder = Decoder(c, rotary)
-        self.lm_head = nn.Linear(c.d_model, c.target_vocab_size, bias=False)
+        self.lm_head = nn.Linear(c.d_model, c.target_vocab_size, bias=c.output_bias)
         self.reset_parameters()
         if c.tie_output:
             tie_weights(self.lm_head, self.tgt_embed)

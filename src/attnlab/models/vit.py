@@ -3,7 +3,8 @@
 Images are cut into ``p x p`` patches, each linearly projected to ``d_model``
 (:class:`~attnlab.layers.patch_embedding.PatchEmbedding`); a learnable [CLS] token is prepended,
 learned position embeddings are added, a pre-norm encoder stack and a final norm follow, and a
-linear head classifies the [CLS] output (eq. 1-4 of the paper).
+linear head classifies the [CLS] output (eq. 1-4 of the paper). ``n_classes=0`` drops the head
+(a feature extractor); ``pooler`` adds BERT's tanh pooler before it (Hugging Face's ViTModel).
 
 Shapes: B batch, C channels, H = W image side, P patches, E d_model, K classes.
 
@@ -31,6 +32,7 @@ from attnlab.layers.positional import (
     NoPositionalEncoding,
     PositionalEncoding,
 )
+from attnlab.models.base import PretrainedMixin
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +44,7 @@ class ViTConfig:
     image_size: int = 224  # square images H = W
     patch_size: int = 16
     in_channels: int = 3
-    n_classes: int = 1000
+    n_classes: int = 1000  # 0: no head; forward returns the pooled features (B, E)
     d_model: int = 768
     n_heads: int = 12
     n_kv_heads: int | None = None
@@ -56,6 +58,7 @@ class ViTConfig:
     activation: str = "gelu"
     pos_encoding: Literal["learned", "none"] = "learned"  # "none": permutation-equivariant
     pool: Literal["cls", "mean"] = "cls"  # classify the [CLS] output or the mean patch output
+    pooler: bool = False  # tanh(dense(pooled)) before the head, as BERT's pooler
     attn_backend: str = "sdpa"
     bias: bool = True
     init_std: float = 0.02
@@ -65,7 +68,6 @@ class ViTConfig:
             image_size=self.image_size,
             patch_size=self.patch_size,
             in_channels=self.in_channels,
-            n_classes=self.n_classes,
             d_model=self.d_model,
             n_heads=self.n_heads,
             n_kv_heads=self.n_kv_heads,
@@ -74,6 +76,8 @@ class ViTConfig:
             norm_eps=self.norm_eps,
             init_std=self.init_std,
         )
+        if self.n_classes < 0:
+            raise ValueError(f"n_classes must be >= 0 (0: no head), got {self.n_classes}")
         if self.image_size % self.patch_size:
             raise ValueError(
                 f"image_size={self.image_size} is not a multiple of patch_size={self.patch_size}"
@@ -108,7 +112,7 @@ class ViTConfig:
         return self.n_patches + 1
 
 
-class ViT(nn.Module):
+class ViT(PretrainedMixin, nn.Module):
     """Vision Transformer classifier: ``forward(images) -> logits (B, K)``."""
 
     def __init__(self, config: ViTConfig) -> None:
@@ -140,7 +144,8 @@ class ViT(nn.Module):
             for _ in range(c.n_layers)
         )
         self.final_norm = build_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
-        self.head = nn.Linear(c.d_model, c.n_classes)
+        self.pooler = nn.Linear(c.d_model, c.d_model) if c.pooler else None
+        self.head = nn.Linear(c.d_model, c.n_classes) if c.n_classes else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -171,14 +176,17 @@ class ViT(nn.Module):
         return self.final_norm(x)
 
     def forward(self, images: Tensor) -> Tensor:
-        """Classify images ``(B, C, H, W)`` -> logits ``(B, K)``.
+        """Classify images ``(B, C, H, W)`` -> logits ``(B, K)`` (the pooled features ``(B, E)``
+        when ``n_classes`` is 0).
 
         Raises:
             ValueError: for images of the wrong rank, channel count or size.
         """
         h = self.features(images)  # (B, 1 + P, E)
         pooled = h[:, 0] if self.config.pool == "cls" else h[:, 1:].mean(dim=1)  # (B, E)
-        return self.head(pooled)
+        if self.pooler is not None:
+            pooled = torch.tanh(self.pooler(pooled))
+        return self.head(pooled) if self.head is not None else pooled
 
 
 def _vit(d_model: int, n_layers: int, n_heads: int, d_ff: int, patch_size: int) -> ViTConfig:

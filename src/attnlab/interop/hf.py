@@ -1,0 +1,271 @@
+"""Load Hugging Face checkpoint directories into attnlab models, and write them back.
+
+A Hugging Face directory holds ``config.json`` and the weights: ``model.safetensors`` (or shards
+listed in ``model.safetensors.index.json``), or in older checkpoints ``pytorch_model.bin`` (or its
+shards). Safetensors are preferred; a ``.bin`` is read with ``torch.load(weights_only=True)``,
+which refuses to unpickle code. transformers itself is not needed.
+
+:data:`HF_FAMILIES` maps Hugging Face's ``model_type`` to an :class:`HFFamily` (config translation
++ key map, one module per family). :func:`load_hf` builds the attnlab model that the config
+describes and fills it through the key map, which reports every missing, unexpected or misshapen
+tensor; :func:`save_hf` writes a directory that ``transformers.AutoModel*.from_pretrained`` loads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from attnlab.interop import hf_bert, hf_bloom, hf_gpt2, hf_llama, hf_marian, hf_vit
+from attnlab.interop.family import HFConfig, HFFamily, UnsupportedCheckpointError
+from attnlab.interop.keymap import load_into
+from attnlab.models import build_model
+from attnlab.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+CONFIG_NAME = "config.json"
+SAFETENSORS_NAME = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+BIN_NAME = "pytorch_model.bin"
+BIN_INDEX = "pytorch_model.bin.index.json"
+
+HF_FAMILIES: Registry[HFFamily] = Registry("Hugging Face model_type")
+for _family in (
+    hf_bert.FAMILY,
+    hf_gpt2.FAMILY,
+    hf_llama.FAMILY,
+    hf_bloom.FAMILY,
+    hf_vit.FAMILY,
+    hf_marian.FAMILY,
+):
+    for _model_type in _family.model_types:
+        HF_FAMILIES.add(_model_type, _family)
+
+
+def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``config.json`` of a checkpoint directory, as a dict.
+
+    Raises:
+        FileNotFoundError: if ``path`` is not a directory or has no ``config.json``.
+        ValueError: if the file is not a JSON object.
+    """
+    directory = Path(path)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
+    file = directory / CONFIG_NAME
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"{directory} has no {CONFIG_NAME}: not a checkpoint directory "
+            "(attnlab and Hugging Face checkpoints both need one)"
+        )
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{file} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{file} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _shards(directory: Path, index_name: str) -> list[Path]:
+    index = json.loads((directory / index_name).read_text(encoding="utf-8"))
+    names = sorted(set(index.get("weight_map", {}).values()))
+    if not names:
+        raise ValueError(f"{directory / index_name} lists no weight files")
+    return [directory / n for n in names]
+
+
+def _load_bin(file: Path) -> dict[str, Tensor]:
+    # weights_only=True: tensors and plain containers only; never unpickle code.
+    data = torch.load(file, map_location="cpu", weights_only=True)
+    if not isinstance(data, dict):
+        raise ValueError(f"{file} does not hold a state dict")
+    return data
+
+
+def read_weights(path: str | os.PathLike[str]) -> dict[str, Tensor]:
+    """All tensors of a Hugging Face checkpoint directory (safetensors first, then ``.bin``).
+
+    Raises:
+        FileNotFoundError: if the directory has no weights file.
+    """
+    directory = Path(path)
+    if (directory / SAFETENSORS_NAME).is_file():
+        return load_file(directory / SAFETENSORS_NAME)
+    if (directory / SAFETENSORS_INDEX).is_file():
+        out: dict[str, Tensor] = {}
+        for shard in _shards(directory, SAFETENSORS_INDEX):
+            out.update(load_file(shard))
+        return out
+    if (directory / BIN_NAME).is_file():
+        return _load_bin(directory / BIN_NAME)
+    if (directory / BIN_INDEX).is_file():
+        out = {}
+        for shard in _shards(directory, BIN_INDEX):
+            out.update(_load_bin(shard))
+        return out
+    raise FileNotFoundError(
+        f"no weights in {directory}: expected {SAFETENSORS_NAME}, {SAFETENSORS_INDEX}, "
+        f"{BIN_NAME} or {BIN_INDEX}"
+    )
+
+
+def _special_tokens(directory: Path) -> dict[str, int]:
+    """Special token text -> id from ``tokenizer.json``'s ``added_tokens`` (empty if absent)."""
+    file = directory / "tokenizer.json"
+    if not file.is_file():
+        return {}
+    try:
+        added = json.loads(file.read_text(encoding="utf-8")).get("added_tokens", [])
+        return {t["content"]: int(t["id"]) for t in added if t.get("special")}
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return {}
+
+
+def family_for(config: Mapping[str, Any]) -> HFFamily:
+    """The :class:`HFFamily` of a Hugging Face ``config.json`` dict.
+
+    Raises:
+        UnsupportedCheckpointError: for a missing or unsupported ``model_type``.
+    """
+    model_type = config.get("model_type")
+    if model_type is None:
+        raise UnsupportedCheckpointError(
+            f"config.json has no 'model_type'; supported: {', '.join(HF_FAMILIES.keys())}"
+        )
+    if model_type not in HF_FAMILIES:
+        raise UnsupportedCheckpointError(
+            f"Hugging Face model_type {model_type!r} is not supported by attnlab's mapper; "
+            f"supported: {', '.join(HF_FAMILIES.keys())}"
+        )
+    return HF_FAMILIES.get(model_type)
+
+
+def _strip_prefix(weights: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    """Drop the base model prefix (``bert.``) of a checkpoint saved from a model with a head."""
+    p = prefix + "."
+    return {(k[len(p) :] if k.startswith(p) else k): v for k, v in weights.items()}
+
+
+def load_hf(
+    path: str | os.PathLike[str],
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+    strict: bool = True,
+) -> nn.Module:
+    """Load a Hugging Face checkpoint directory as the equivalent attnlab model (eval mode).
+
+    Args:
+        path: directory with ``config.json`` and weights.
+        device: where to build the model. dtype: convert to this dtype (default float32).
+        strict: raise on any missing/unexpected/misshapen tensor (``False``: warn and load the
+            rest; the missing parameters keep their random initialisation).
+
+    Raises:
+        FileNotFoundError: without ``config.json`` or weights.
+        UnsupportedCheckpointError: for an unsupported family or option (the message says which).
+        CheckpointMismatchError: listing the missing, unexpected and misshapen tensors.
+    """
+    directory = Path(path)
+    data = read_config(directory)
+    family = family_for(data)
+    weights = _strip_prefix(read_weights(directory), family.prefix)
+    hf_config = HFConfig(data, family.name, _special_tokens(directory))
+    config = family.config_from_hf(hf_config, set(weights))
+    model = build_model(config, device=device)
+    what = f"{family.name} checkpoint {directory}"
+    load_into(model, family.keymap(config), weights, what=what, strict=strict)
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.eval()
+
+
+def hf_family_of(model: nn.Module) -> tuple[HFFamily, dict[str, Any]]:
+    """The family that can represent ``model`` and its ``config.json`` dict.
+
+    Raises:
+        UnsupportedCheckpointError: if no family fits (listing why each candidate does not).
+    """
+    config = getattr(model, "config", None)
+    if config is None:
+        raise ValueError(f"{type(model).__name__} has no .config; cannot write config.json")
+    reasons = []
+    seen: set[str] = set()
+    for key in HF_FAMILIES:
+        family = HF_FAMILIES.get(key)
+        if family.name in seen or not isinstance(model, family.model_class):
+            continue
+        seen.add(family.name)
+        try:
+            return family, family.config_to_hf(config)
+        except UnsupportedCheckpointError as e:
+            reasons.append(str(e))
+    if not reasons:
+        raise UnsupportedCheckpointError(
+            f"no Hugging Face family for {type(model).__name__}; supported classes: "
+            f"{sorted({HF_FAMILIES.get(k).model_class.__name__ for k in HF_FAMILIES})}"
+        )
+    raise UnsupportedCheckpointError(
+        f"this {type(model).__name__} has no Hugging Face equivalent:\n  " + "\n  ".join(reasons)
+    )
+
+
+def save_hf(model: nn.Module, path: str | os.PathLike[str]) -> Path:
+    """Write ``model`` as a Hugging Face checkpoint directory (``config.json`` +
+    ``model.safetensors``) that ``transformers.AutoModel*.from_pretrained`` loads.
+
+    The architecture is the family's model with its head (``BertForMaskedLM`` for a BERT with
+    an MLM head, ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``BloomForCausalLM``,
+    ``ViTForImageClassification``, ``MarianMTModel``), or the bare model without one.
+
+    Returns:
+        The directory.
+
+    Raises:
+        UnsupportedCheckpointError: if the model's config has no Hugging Face equivalent.
+    """
+    family, hf_config = hf_family_of(model)
+    keymap = family.keymap(model.config)
+    with torch.no_grad():
+        tensors = keymap.to_theirs(model.state_dict())
+    if hf_config["architectures"][0] != family.base_architecture:
+        tensors = {
+            (k if k.startswith(family.head_keys) else f"{family.prefix}.{k}"): v
+            for k, v in tensors.items()
+        }
+    directory = Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    dtype = next(iter(tensors.values())).dtype
+    hf_config["dtype"] = str(dtype).removeprefix("torch.")
+    hf_config["torch_dtype"] = hf_config["dtype"]  # transformers 4's name
+    # safetensors wants contiguous tensors that share no memory (tied ones are written once).
+    save_file(
+        {k: v.detach().contiguous().clone().cpu() for k, v in tensors.items()},
+        directory / SAFETENSORS_NAME,
+        metadata={"format": "pt"},
+    )
+    text = json.dumps(hf_config, indent=2, sort_keys=True) + "\n"
+    (directory / CONFIG_NAME).write_text(text, encoding="utf-8")
+    logger.info("wrote %s checkpoint to %s", family.name, directory)
+    return directory
+
+
+__all__ = [
+    "HF_FAMILIES",
+    "family_for",
+    "hf_family_of",
+    "load_hf",
+    "read_config",
+    "read_weights",
+    "save_hf",
+]

@@ -1,0 +1,61 @@
+"""Tokenizers of Hugging Face checkpoints: ``tokenizer.json`` through the ``tokenizers`` library.
+
+attnlab has no tokenizer of its own for real checkpoints: the file already describes the whole
+pipeline (normaliser, pre-tokeniser, WordPiece/BPE model, [CLS]/[SEP] template), and the
+``tokenizers`` library runs it exactly as ``transformers``' fast tokenizers do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+TOKENIZER_NAME = "tokenizer.json"
+
+
+def load_tokenizer(path: str | os.PathLike[str], *, max_length: int | None = None) -> Tokenizer:
+    """Load ``tokenizer.json`` (a file, or a checkpoint directory holding one).
+
+    Padding is switched off (callers pad a batch themselves, see
+    :func:`attnlab.sentence.embed`); truncation is the file's own unless ``max_length`` is
+    given.
+
+    Raises:
+        ImportError: if the ``tokenizers`` package is missing (``pip install tokenizers``).
+        FileNotFoundError: if there is no ``tokenizer.json``.
+    """
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "loading tokenizer.json needs the 'tokenizers' package: pip install tokenizers "
+            "(it comes with attnlab's [hf] extra)"
+        ) from e
+    file = Path(path)
+    if file.is_dir():
+        file = file / TOKENIZER_NAME
+    if not file.is_file():
+        raise FileNotFoundError(f"no {TOKENIZER_NAME} at {path}")
+    tokenizer = Tokenizer.from_file(str(file))
+    tokenizer.no_padding()
+    if max_length is not None:
+        tokenizer.enable_truncation(max_length)
+    return tokenizer
+
+
+def sentence_max_length(path: str | os.PathLike[str]) -> int | None:
+    """``max_seq_length`` of a sentence-transformers directory (``sentence_bert_config.json``),
+    or ``None`` when the file is absent."""
+    file = Path(path) / "sentence_bert_config.json"
+    if not file.is_file():
+        return None
+    value = json.loads(file.read_text(encoding="utf-8")).get("max_seq_length")
+    return int(value) if value is not None else None
+
+
+__all__ = ["TOKENIZER_NAME", "load_tokenizer", "sentence_max_length"]
