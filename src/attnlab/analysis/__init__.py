@@ -1,5 +1,45 @@
-"""Analysis: parameter counts (closed form and measured); FLOPs and memory to follow."""
+"""Analysis: what a model costs, in closed form from its config and measured on a real pass.
 
-from attnlab.analysis.params import count_params
+- :mod:`~attnlab.analysis.params`: parameter counts and the per-component breakdown;
+- :mod:`~attnlab.analysis.flops`: forward/backward FLOPs per component (2·m·k·p per matmul);
+- :mod:`~attnlab.analysis.scaling`: the 6·N·tokens rule, crossover lengths, length sweeps;
+- :mod:`~attnlab.analysis.memory`: weights, gradients, Adam state, activations, KV cache;
+- :mod:`~attnlab.analysis.measure`: ``FlopCounterMode`` counts, saved-activation bytes, step
+  time, peak FLOP/s and MFU;
+- :mod:`~attnlab.analysis.report`: :func:`analyze`, the table and JSON of ``attnlab analyze``
+  (:mod:`~attnlab.analysis.cli`).
+"""
 
-__all__ = ["count_params"]
+from attnlab.analysis.flops import FlopBreakdown, attention_block_flops, forward_flops
+from attnlab.analysis.measure import count_flops, measure_flops, mfu
+from attnlab.analysis.memory import (
+    activation_bytes,
+    kv_cache_bytes,
+    kv_cache_bytes_per_token,
+    training_memory,
+)
+from attnlab.analysis.params import ParamBreakdown, count_params, param_breakdown
+from attnlab.analysis.report import Analysis, analyze, format_report
+from attnlab.analysis.scaling import approximations, crossover, sweep_seq_len
+
+__all__ = [
+    "Analysis",
+    "FlopBreakdown",
+    "ParamBreakdown",
+    "activation_bytes",
+    "analyze",
+    "approximations",
+    "attention_block_flops",
+    "count_flops",
+    "count_params",
+    "crossover",
+    "format_report",
+    "forward_flops",
+    "kv_cache_bytes",
+    "kv_cache_bytes_per_token",
+    "measure_flops",
+    "mfu",
+    "param_breakdown",
+    "sweep_seq_len",
+    "training_memory",
+]

@@ -1,12 +1,12 @@
 """Parameter counts: measured on a model, or in closed form from its config alone.
 
-:func:`count_params` accepts either; :func:`param_breakdown` splits the closed form per component
-(embeddings, attention, FFN, norms, heads; summed over the layers of each stack), and its total is
-:func:`count_params` of the config. On a module it sums the unique parameters (a tied weight is
+:func:`count_params` accepts either. On a module it sums the unique parameters (a tied weight is
 one parameter, counted once). On a config it evaluates the closed form registered for the config's
-class in :data:`PARAM_FORMULAS` — built from the per-layer counts below, which mirror the modules
-in :mod:`attnlab.layers` — so a 175B-parameter model is counted without building it. Tests keep
-the two in agreement for every preset.
+class in :data:`PARAM_FORMULAS`, so a 175B-parameter model is counted without building it.
+:func:`param_breakdown` is that closed form per component (token/position tables, attention,
+FFN and norms summed over each stack's layers, heads), built from the per-layer counts below,
+which mirror the modules in :mod:`attnlab.layers`; the totals are its sums. Tests keep the closed
+form and the built modules in agreement for every preset.
 
 ``exclude_embeddings`` drops the lookup tables (token, segment and learned position embeddings),
 as Kaplan et al. and Hugging Face's ``num_parameters(exclude_embeddings=True)`` do; an LM head tied
@@ -70,101 +70,35 @@ def layer_params(c: Any, *, cross_attention: bool = False) -> int:
     return n_attn * (attn + norm) + ffn_params(c.d_model, c.d_ff, c.activation, c.bias) + norm
 
 
-# -- whole models --------------------------------------------------------------------------------
+# -- whole models: closed forms from the per-component breakdown below -------------------------
+
+LOOKUP_TABLES = ("embedding.token", "embedding.target", "embedding.segment", "embedding.position")
+
+
+def _total(breakdown: ParamBreakdown, exclude_embeddings: bool) -> int:
+    if not exclude_embeddings:
+        return breakdown.total
+    return breakdown.total - sum(breakdown.components.get(name, 0) for name in LOOKUP_TABLES)
 
 
 def gpt_params(c: GPTConfig, exclude_embeddings: bool = False) -> int:
     """:class:`~attnlab.models.gpt.GPT`."""
-    tables = c.vocab_size * c.d_model
-    if c.pos_encoding == "learned":
-        tables += c.max_seq_len * c.d_model
-    body = c.n_layers * layer_params(c)
-    if c.use_final_norm:
-        body += norm_params(c.d_model, c.norm, c.bias)
-    if not c.tie_output:
-        body += c.vocab_size * c.d_model
-    return body + (0 if exclude_embeddings else tables)
+    return _total(_gpt_breakdown(c), exclude_embeddings)
 
 
 def bert_params(c: BERTConfig, exclude_embeddings: bool = False) -> int:
     """:class:`~attnlab.models.bert.BERT` (pooler and MLM head as configured)."""
-    tables = (c.vocab_size + c.type_vocab_size) * c.d_model
-    if c.pos_encoding == "learned":
-        tables += c.max_seq_len * c.d_model
-    norm = norm_params(c.d_model, c.norm, c.bias)
-    body = norm + c.n_layers * layer_params(c)  # embedding norm + layers
-    if c.norm_position == "pre":
-        body += norm
-    if c.pooler:
-        body += linear_params(c.d_model, c.d_model)
-    if c.mlm_head:
-        body += linear_params(c.d_model, c.d_model) + norm_params(c.d_model, c.norm)
-        body += c.vocab_size  # decoder bias
-        if not c.tie_output:
-            body += c.vocab_size * c.d_model
-    return body + (0 if exclude_embeddings else tables)
+    return _total(_bert_breakdown(c), exclude_embeddings)
 
 
 def vit_params(c: ViTConfig, exclude_embeddings: bool = False) -> int:
     """:class:`~attnlab.models.vit.ViT`."""
-    patch = c.in_channels * c.patch_size**2 * c.d_model + c.d_model  # conv weight + bias
-    body = patch + c.d_model  # + [CLS]
-    body += c.n_layers * layer_params(c) + norm_params(c.d_model, c.norm, c.bias)
-    body += linear_params(c.d_model, c.n_classes)
-    tables = c.max_seq_len * c.d_model if c.pos_encoding == "learned" else 0
-    return body + (0 if exclude_embeddings else tables)
+    return _total(_vit_breakdown(c), exclude_embeddings)
 
 
 def transformer_params(c: TransformerConfig, exclude_embeddings: bool = False) -> int:
     """:class:`~attnlab.models.transformer.EncoderDecoderTransformer`."""
-    V_src, V_tgt = c.vocab_size, c.target_vocab_size
-    tables = V_src * c.d_model + (0 if c.share_embeddings else V_tgt * c.d_model)
-    if c.pos_encoding == "learned":
-        tables += c.max_seq_len * c.d_model
-    body = c.n_layers * layer_params(c)
-    body += c.num_decoder_layers * layer_params(c, cross_attention=True)
-    if c.use_final_norm:
-        body += 2 * norm_params(c.d_model, c.norm, c.bias)
-    if not c.tie_output:
-        body += V_tgt * c.d_model
-    return body + (0 if exclude_embeddings else tables)
-
-
-PARAM_FORMULAS: dict[type[Any], Callable[[Any, bool], int]] = {
-    GPTConfig: gpt_params,
-    BERTConfig: bert_params,
-    ViTConfig: vit_params,
-    TransformerConfig: transformer_params,
-}
-
-
-def count_params(model_or_config: nn.Module | Any, *, exclude_embeddings: bool = False) -> int:
-    """Number of parameters of a model, or of the model a config describes (closed form).
-
-    Args:
-        model_or_config: an ``nn.Module`` (meta-device modules work) or a model config.
-        exclude_embeddings: leave out token/segment/position lookup tables (and a head tied
-            to them).
-
-    Raises:
-        ValueError: for a config class without a registered closed form.
-    """
-    if isinstance(model_or_config, nn.Module):
-        params = {id(p): p for p in model_or_config.parameters()}
-        if exclude_embeddings:
-            for m in model_or_config.modules():
-                if isinstance(m, EMBEDDING_TYPES):
-                    for p in m.parameters(recurse=False):
-                        params.pop(id(p), None)
-        return sum(p.numel() for p in params.values())
-    formula = PARAM_FORMULAS.get(type(model_or_config))
-    if formula is None:
-        valid = ", ".join(cls.__name__ for cls in PARAM_FORMULAS)
-        raise ValueError(
-            f"no closed-form parameter count for {type(model_or_config).__name__}; "
-            f"valid config types: {valid} (or pass a model)"
-        )
-    return formula(model_or_config, exclude_embeddings)
+    return _total(_transformer_breakdown(c), exclude_embeddings)
 
 
 # -- per-component breakdown ---------------------------------------------------------------------
@@ -241,6 +175,8 @@ def _gpt_breakdown(c: GPTConfig) -> ParamBreakdown:
     comp = {"embedding.token": c.vocab_size * c.d_model}
     if c.pos_encoding == "learned":
         comp["embedding.position"] = c.max_seq_len * c.d_model
+    if getattr(c, "embed_norm", False):  # BLOOM's norm on the embeddings
+        comp["embedding.norm"] = norm_params(c.d_model, c.norm, c.bias)
     comp.update(_stack("layers", c, c.n_layers))
     if c.use_final_norm:
         comp["final_norm"] = norm_params(c.d_model, c.norm, c.bias)
@@ -280,7 +216,10 @@ def _vit_breakdown(c: ViTConfig) -> ParamBreakdown:
         comp["embedding.position"] = c.max_seq_len * c.d_model
     comp.update(_stack("layers", c, c.n_layers))
     comp["final_norm"] = norm_params(c.d_model, c.norm, c.bias)
-    comp["head"] = linear_params(c.d_model, c.n_classes)
+    if getattr(c, "pooler", False):
+        comp["pooler"] = linear_params(c.d_model, c.d_model)
+    if c.n_classes:  # 0: a feature extractor without a head
+        comp["head"] = linear_params(c.d_model, c.n_classes)
     return ParamBreakdown(comp, {"layers": c.n_layers})
 
 
@@ -300,6 +239,8 @@ def _transformer_breakdown(c: TransformerConfig) -> ParamBreakdown:
     if c.use_final_norm:
         comp["decoder.final_norm"] = norm_params(c.d_model, c.norm, c.bias)
     comp["lm_head"] = 0 if c.tie_output else c.target_vocab_size * c.d_model
+    if getattr(c, "output_bias", False):  # Marian's bias on the pre-softmax projection
+        comp["lm_head"] += c.target_vocab_size
     if c.tie_output:
         tied["lm_head"] = "embedding.target" if not c.share_embeddings else "embedding.token"
     return ParamBreakdown(comp, {"encoder": c.n_layers, "decoder": c.num_decoder_layers}, tied)
@@ -331,16 +272,54 @@ def param_breakdown(config: Any) -> ParamBreakdown:
     return fn(config)
 
 
+PARAM_FORMULAS: dict[type[Any], Callable[[Any, bool], int]] = {
+    GPTConfig: gpt_params,
+    BERTConfig: bert_params,
+    ViTConfig: vit_params,
+    TransformerConfig: transformer_params,
+}
+
+
+def count_params(model_or_config: nn.Module | Any, *, exclude_embeddings: bool = False) -> int:
+    """Number of parameters of a model, or of the model a config describes (closed form).
+
+    Args:
+        model_or_config: an ``nn.Module`` (meta-device modules work) or a model config.
+        exclude_embeddings: leave out token/segment/position lookup tables (and a head tied
+            to them).
+
+    Raises:
+        ValueError: for a config class without a registered closed form.
+    """
+    if isinstance(model_or_config, nn.Module):
+        params = {id(p): p for p in model_or_config.parameters()}
+        if exclude_embeddings:
+            for m in model_or_config.modules():
+                if isinstance(m, EMBEDDING_TYPES):
+                    for p in m.parameters(recurse=False):
+                        params.pop(id(p), None)
+        return sum(p.numel() for p in params.values())
+    formula = PARAM_FORMULAS.get(type(model_or_config))
+    if formula is None:
+        valid = ", ".join(cls.__name__ for cls in PARAM_FORMULAS)
+        raise ValueError(
+            f"no closed-form parameter count for {type(model_or_config).__name__}; "
+            f"valid config types: {valid} (or pass a model)"
+        )
+    return formula(model_or_config, exclude_embeddings)
+
+
 __all__ = [
     "BREAKDOWNS",
     "EMBEDDING_TYPES",
+    "LOOKUP_TABLES",
     "PARAM_FORMULAS",
     "ParamBreakdown",
     "attention_params",
+    "component_group",
     "count_params",
     "ffn_params",
     "layer_params",
-    "component_group",
     "linear_params",
     "norm_params",
     "param_breakdown",

@@ -22,19 +22,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.config import check_choice, check_positive, check_probability
-from attnlab.layers.attention_backends import ATTENTION_BACKENDS
+from attnlab.config import check_positive
 from attnlab.layers.blocks import EncoderLayer
 from attnlab.layers.embedding import TokenEmbedding, tie_weights
-from attnlab.layers.feedforward import ACTIVATIONS, GATED, activation_names
+from attnlab.layers.feedforward import ACTIVATIONS, GATED
 from attnlab.layers.masks import as_attention_mask, combine_masks
-from attnlab.layers.norm import NORMS, build_norm
+from attnlab.layers.norm import build_norm
 from attnlab.layers.positional import (
-    POSITIONAL_ENCODINGS,
     RotaryEmbedding,
     build_positional_encoding,
 )
 from attnlab.models.base import PretrainedMixin
+from attnlab.models.common import freeze_tuple, layer_kwargs, validate_stack_config
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +59,8 @@ class BERTConfig:
     pos_encoding: str = "learned"
     rope_base: float = 10000.0
     attn_backend: str = "sdpa"
+    attn_window: int | None = None  # keys per query of the "sliding_window" backend
+    attn_layer_backends: tuple[str, ...] | None = None  # per-layer override of attn_backend
     bias: bool = True
     pooler: bool = True  # tanh(dense([CLS])) for sentence-level tasks
     mlm_head: bool = True  # transform + norm + tied decoder + bias
@@ -72,33 +73,9 @@ class BERTConfig:
     mask_id: int = 103
 
     def __post_init__(self) -> None:
-        check_positive(
-            vocab_size=self.vocab_size,
-            type_vocab_size=self.type_vocab_size,
-            d_model=self.d_model,
-            n_heads=self.n_heads,
-            n_kv_heads=self.n_kv_heads,
-            n_layers=self.n_layers,
-            d_ff=self.d_ff,
-            max_seq_len=self.max_seq_len,
-            norm_eps=self.norm_eps,
-            rope_base=self.rope_base,
-            init_std=self.init_std,
-        )
-        if self.d_model % self.n_heads != 0:
-            raise ValueError(f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
-        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads != 0:
-            raise ValueError(
-                f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}"
-            )
-        check_probability(dropout=self.dropout, attn_dropout=self.attn_dropout)
-        check_choice("norm", self.norm, NORMS.keys())
-        check_choice("norm_position", self.norm_position, ["pre", "post"])
-        check_choice("activation", self.activation, activation_names())
-        check_choice("pos_encoding", self.pos_encoding, POSITIONAL_ENCODINGS.keys())
-        check_choice("attn_backend", self.attn_backend, ATTENTION_BACKENDS.keys())
-        if self.pos_encoding == "rope" and self.d_head % 2:
-            raise ValueError(f"rope needs an even head dim, got d_head={self.d_head}")
+        freeze_tuple(self, "attn_layer_backends")
+        validate_stack_config(self)
+        check_positive(type_vocab_size=self.type_vocab_size)
         for name in ("pad_id", "cls_id", "sep_id", "mask_id"):
             tok = getattr(self, name)
             if tok is not None and not 0 <= tok < self.vocab_size:
@@ -166,18 +143,10 @@ class BERT(PretrainedMixin, nn.Module):
                 c.d_model,
                 c.n_heads,
                 c.d_ff,
-                n_kv_heads=c.n_kv_heads,
-                dropout=c.dropout,
-                attn_dropout=c.attn_dropout,
-                activation=c.activation,
-                norm=c.norm,
-                norm_eps=c.norm_eps,
-                norm_position=c.norm_position,
-                bias=c.bias,
-                backend=c.attn_backend,
+                **layer_kwargs(c, i),
                 rotary=rotary,
             )
-            for _ in range(c.n_layers)
+            for i in range(c.n_layers)
         )
         # Pre-norm stacks need a closing norm; the post-norm layers end normalised already.
         self.final_norm = (

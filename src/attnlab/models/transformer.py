@@ -23,21 +23,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.config import check_choice, check_positive, check_probability
-from attnlab.layers.attention_backends import ATTENTION_BACKENDS
+from attnlab.config import check_positive
 from attnlab.layers.blocks import DecoderLayer, EncoderLayer
 from attnlab.layers.embedding import TokenEmbedding, tie_weights
-from attnlab.layers.feedforward import activation_names
 from attnlab.layers.kv_cache import KVCache
 from attnlab.layers.masks import as_attention_mask, combine_masks
-from attnlab.layers.norm import NORMS, build_norm
+from attnlab.layers.norm import build_norm
 from attnlab.layers.positional import (
-    POSITIONAL_ENCODINGS,
     PositionalEncoding,
     RotaryEmbedding,
     build_positional_encoding,
 )
 from attnlab.models.base import PretrainedMixin
+from attnlab.models.common import freeze_tuple, layer_kwargs, validate_stack_config
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +65,8 @@ class TransformerConfig:
     rope_scaling: Literal["none", "linear", "ntk", "dynamic"] = "none"
     rope_factor: float = 1.0
     attn_backend: str = "sdpa"
+    attn_window: int | None = None  # keys per query of the "sliding_window" backend
+    attn_layer_backends: tuple[str, ...] | None = None  # per-layer override of attn_backend
     bias: bool = True
     scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model), §3.4
     share_embeddings: bool = True  # one table for source and target (needs a shared vocabulary)
@@ -77,32 +77,14 @@ class TransformerConfig:
     eos_id: int = 2
 
     def __post_init__(self) -> None:
-        check_positive(
-            vocab_size=self.vocab_size,
-            tgt_vocab_size=self.tgt_vocab_size,
-            d_model=self.d_model,
-            n_heads=self.n_heads,
-            n_kv_heads=self.n_kv_heads,
-            n_layers=self.n_layers,
-            n_decoder_layers=self.n_decoder_layers,
-            d_ff=self.d_ff,
-            max_seq_len=self.max_seq_len,
-            norm_eps=self.norm_eps,
-            rope_base=self.rope_base,
-        )
-        if self.d_model % self.n_heads != 0:
-            raise ValueError(f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
-        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads != 0:
+        freeze_tuple(self, "attn_layer_backends")
+        validate_stack_config(self)
+        check_positive(tgt_vocab_size=self.tgt_vocab_size, n_decoder_layers=self.n_decoder_layers)
+        if self.attn_layer_backends is not None and self.num_decoder_layers != self.n_layers:
             raise ValueError(
-                f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}"
+                "attn_layer_backends needs as many decoder as encoder layers, got "
+                f"n_layers={self.n_layers}, n_decoder_layers={self.n_decoder_layers}"
             )
-        check_probability(dropout=self.dropout, attn_dropout=self.attn_dropout)
-        check_choice("norm", self.norm, NORMS.keys())
-        check_choice("norm_position", self.norm_position, ["pre", "post"])
-        check_choice("activation", self.activation, activation_names())
-        check_choice("pos_encoding", self.pos_encoding, POSITIONAL_ENCODINGS.keys())
-        check_choice("rope_scaling", self.rope_scaling, ["none", "linear", "ntk", "dynamic"])
-        check_choice("attn_backend", self.attn_backend, ATTENTION_BACKENDS.keys())
         if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
             raise ValueError(
                 f"share_embeddings needs one vocabulary, but vocab_size={self.vocab_size} and "
@@ -132,20 +114,6 @@ class TransformerConfig:
         return self.norm_position == "pre" if self.final_norm is None else self.final_norm
 
 
-def _layer_kwargs(c: TransformerConfig) -> dict[str, object]:
-    return dict(
-        n_kv_heads=c.n_kv_heads,
-        dropout=c.dropout,
-        attn_dropout=c.attn_dropout,
-        activation=c.activation,
-        norm=c.norm,
-        norm_eps=c.norm_eps,
-        norm_position=c.norm_position,
-        bias=c.bias,
-        backend=c.attn_backend,
-    )
-
-
 class Encoder(nn.Module):
     """N encoder layers (+ a final norm for pre-norm), on already-embedded inputs."""
 
@@ -153,8 +121,8 @@ class Encoder(nn.Module):
         super().__init__()
         c = config
         self.layers = nn.ModuleList(
-            EncoderLayer(c.d_model, c.n_heads, c.d_ff, rotary=rotary, **_layer_kwargs(c))  # type: ignore[arg-type]
-            for _ in range(c.n_layers)
+            EncoderLayer(c.d_model, c.n_heads, c.d_ff, rotary=rotary, **layer_kwargs(c, i))
+            for i in range(c.n_layers)
         )
         self.final_norm = (
             build_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias) if c.use_final_norm else None
@@ -185,8 +153,8 @@ class Decoder(nn.Module):
         super().__init__()
         c = config
         self.layers = nn.ModuleList(
-            DecoderLayer(c.d_model, c.n_heads, c.d_ff, rotary=rotary, **_layer_kwargs(c))  # type: ignore[arg-type]
-            for _ in range(c.num_decoder_layers)
+            DecoderLayer(c.d_model, c.n_heads, c.d_ff, rotary=rotary, **layer_kwargs(c, i))
+            for i in range(c.num_decoder_layers)
         )
         self.final_norm = (
             build_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias) if c.use_final_norm else None

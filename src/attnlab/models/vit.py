@@ -21,11 +21,9 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.config import check_choice, check_positive, check_probability
-from attnlab.layers.attention_backends import ATTENTION_BACKENDS
+from attnlab.config import check_choice, check_positive
 from attnlab.layers.blocks import EncoderLayer
-from attnlab.layers.feedforward import activation_names
-from attnlab.layers.norm import NORMS, build_norm
+from attnlab.layers.norm import build_norm
 from attnlab.layers.patch_embedding import PatchEmbedding
 from attnlab.layers.positional import (
     LearnedPositionalEmbedding,
@@ -33,6 +31,7 @@ from attnlab.layers.positional import (
     PositionalEncoding,
 )
 from attnlab.models.base import PretrainedMixin
+from attnlab.models.common import freeze_tuple, layer_kwargs, validate_stack_config
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,21 +59,16 @@ class ViTConfig:
     pool: Literal["cls", "mean"] = "cls"  # classify the [CLS] output or the mean patch output
     pooler: bool = False  # tanh(dense(pooled)) before the head, as BERT's pooler
     attn_backend: str = "sdpa"
+    attn_window: int | None = None  # keys per query of the "sliding_window" backend
+    attn_layer_backends: tuple[str, ...] | None = None  # per-layer override of attn_backend
     bias: bool = True
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
+        freeze_tuple(self, "attn_layer_backends")
+        validate_stack_config(self)
         check_positive(
-            image_size=self.image_size,
-            patch_size=self.patch_size,
-            in_channels=self.in_channels,
-            d_model=self.d_model,
-            n_heads=self.n_heads,
-            n_kv_heads=self.n_kv_heads,
-            n_layers=self.n_layers,
-            d_ff=self.d_ff,
-            norm_eps=self.norm_eps,
-            init_std=self.init_std,
+            image_size=self.image_size, patch_size=self.patch_size, in_channels=self.in_channels
         )
         if self.n_classes < 0:
             raise ValueError(f"n_classes must be >= 0 (0: no head), got {self.n_classes}")
@@ -82,19 +76,8 @@ class ViTConfig:
             raise ValueError(
                 f"image_size={self.image_size} is not a multiple of patch_size={self.patch_size}"
             )
-        if self.d_model % self.n_heads != 0:
-            raise ValueError(f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
-        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads != 0:
-            raise ValueError(
-                f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}"
-            )
-        check_probability(dropout=self.dropout, attn_dropout=self.attn_dropout)
-        check_choice("norm", self.norm, NORMS.keys())
-        check_choice("norm_position", self.norm_position, ["pre", "post"])
-        check_choice("activation", self.activation, activation_names())
         check_choice("pos_encoding", self.pos_encoding, ["learned", "none"])
         check_choice("pool", self.pool, ["cls", "mean"])
-        check_choice("attn_backend", self.attn_backend, ATTENTION_BACKENDS.keys())
 
     @property
     def d_head(self) -> int:
@@ -131,17 +114,9 @@ class ViT(PretrainedMixin, nn.Module):
                 c.d_model,
                 c.n_heads,
                 c.d_ff,
-                n_kv_heads=c.n_kv_heads,
-                dropout=c.dropout,
-                attn_dropout=c.attn_dropout,
-                activation=c.activation,
-                norm=c.norm,
-                norm_eps=c.norm_eps,
-                norm_position=c.norm_position,
-                bias=c.bias,
-                backend=c.attn_backend,
+                **layer_kwargs(c, i),
             )
-            for _ in range(c.n_layers)
+            for i in range(c.n_layers)
         )
         self.final_norm = build_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
         self.pooler = nn.Linear(c.d_model, c.d_model) if c.pooler else None
