@@ -1,7 +1,9 @@
 """An explicit key/value cache for autoregressive decoding, passed through ``forward``.
 
 Self-attention caches are preallocated to ``max_len`` on their first write (so decoding does not
-reallocate) and grow by ``T`` tokens per call; cross-attention caches hold the encoder memory's
+reallocate) and grow by ``T`` tokens per call; a layer with a causal sliding window of ``w`` keys
+keeps only the last ``w - 1`` keys instead (all that a future query can see), so its memory stays
+constant however long the sequence grows; cross-attention caches hold the encoder memory's
 keys/values, computed once and reused at every step. Keys are cached *after* RoPE, so cached
 positions never need re-rotating. With grouped-query attention the cache stores the ``H_kv`` heads.
 
@@ -15,13 +17,22 @@ from torch import Tensor
 
 
 class LayerKVCache:
-    """Keys/values of one self-attention layer, preallocated to ``max_len``."""
+    """Keys/values of one self-attention layer, preallocated to ``max_len``.
 
-    def __init__(self, max_len: int) -> None:
+    Args:
+        max_len: most positions the layer will ever see (absolute positions stay below it).
+        window: the layer's causal sliding window ``w``; the cache then keeps only the last
+            ``w - 1`` keys/values (``None``: keep everything).
+    """
+
+    def __init__(self, max_len: int, window: int | None = None) -> None:
         if max_len <= 0:
             raise ValueError(f"max_len must be positive, got {max_len}")
+        if window is not None and window < 1:
+            raise ValueError(f"window must be positive, got {window}")
         self.max_len = max_len
-        self.length = 0
+        self.window = window
+        self.length = 0  # tokens seen so far (absolute), also with a window
         self.k: Tensor | None = None  # (B, H_kv, L, D)
         self.v: Tensor | None = None  # (B, H_kv, L, D)
 
@@ -35,6 +46,8 @@ class LayerKVCache:
             ValueError: if the cache would exceed ``max_len`` or shapes change between calls.
         """
         B, H_kv, T, D = k.shape
+        if self.window is not None:
+            return self._update_window(k, v)
         if self.k is None or self.v is None:
             self.k = k.new_zeros(B, H_kv, self.max_len, D)
             self.v = v.new_zeros(B, H_kv, self.max_len, v.shape[-1])
@@ -52,6 +65,32 @@ class LayerKVCache:
         self.v[:, :, self.length : end] = v
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
+
+    def _update_window(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Rolling variant: attend over the kept keys + the new ones, then keep the last w - 1."""
+        T = k.shape[2]
+        if self.length + T > self.max_len:
+            raise ValueError(
+                f"KV cache overflow: {self.length} seen + {T} new > max_len={self.max_len}"
+            )
+        if self.k is not None and self.v is not None:
+            k = torch.cat((self.k, k), dim=2)  # (B, H_kv, kept + T, D)
+            v = torch.cat((self.v, v), dim=2)
+        keep = min(int(self.window or 1) - 1, k.shape[2])
+        self.k, self.v = k[:, :, k.shape[2] - keep :], v[:, :, v.shape[2] - keep :]
+        self.length += T
+        return k, v
+
+    def key_positions(self, T: int, device: torch.device | str | None = None) -> Tensor:
+        """Absolute positions of the keys that :meth:`update` with ``T`` new tokens returns.
+
+        Shapes:
+            returns ``(S,)``: ``0 .. length + T - 1``, or only the kept window and the new tokens.
+        """
+        start = 0
+        if self.window is not None:
+            start = max(0, self.length - (self.window - 1))
+        return torch.arange(start, self.length + T, device=device)
 
     def reorder(self, index: Tensor) -> None:
         """Select batch rows (beam search). index ``(B',)`` int."""
@@ -88,10 +127,21 @@ class KVCache:
         n_layers: number of (decoder) layers.
         max_len: maximum number of positions the self-attention caches hold.
         cross_attention: also keep a :class:`CrossKVCache` per layer (encoder-decoder models).
+        windows: per-layer causal sliding windows (``None`` entries keep everything).
     """
 
-    def __init__(self, n_layers: int, max_len: int, *, cross_attention: bool = False) -> None:
-        self.self_attn = [LayerKVCache(max_len) for _ in range(n_layers)]
+    def __init__(
+        self,
+        n_layers: int,
+        max_len: int,
+        *,
+        cross_attention: bool = False,
+        windows: list[int | None] | None = None,
+    ) -> None:
+        if windows is not None and len(windows) != n_layers:
+            raise ValueError(f"windows has {len(windows)} entries for {n_layers} layers")
+        ws = windows or [None] * n_layers
+        self.self_attn = [LayerKVCache(max_len, w) for w in ws]
         self.cross_attn = [CrossKVCache() for _ in range(n_layers)] if cross_attention else None
         self.max_len = max_len
 

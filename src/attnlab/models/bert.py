@@ -9,8 +9,7 @@ Shapes: B batch, T tokens, E d_model, V vocabulary, H heads.
 Masks: ``mask`` is a per-token key mask ``(B, T)``, True/1 = real token (Hugging Face's
 ``attention_mask``); inside, attention masks are bool True = may attend, broadcast to (B, H, T, T).
 
-Deviations from the references: the FFN of the shared layers also applies dropout to its hidden
-activations (BERT drops only sublayer outputs); equal in eval mode. No next-sentence head.
+Deviations from the references: none in the architecture (no next-sentence head).
 """
 
 from __future__ import annotations

@@ -88,12 +88,16 @@ def layer_backend(c: Any, layer: int) -> AttentionBackend:
 
 
 def layer_window(c: Any, layer: int) -> int | None:
-    """The causal window of layer ``layer`` (for KV caches that keep only the window), or None."""
-    name = c.attn_backend if c.attn_layer_backends is None else c.attn_layer_backends[layer]
-    if name != "sliding_window":
-        return None
+    """The causal window a KV cache of layer ``layer`` may keep, or ``None`` to keep everything.
+
+    Only a sliding-window layer without global tokens can drop old keys (global tokens are
+    attended by every later query).
+    """
     backend = layer_backend(c, layer)
-    return int(getattr(backend, "window"))  # noqa: B009 - the sliding-window backend's size
+    window = getattr(backend, "window", None)
+    if window is None or len(getattr(backend, "global_tokens", ())):
+        return None
+    return int(window)
 
 
 def layer_kwargs(c: Any, layer: int) -> dict[str, Any]:

@@ -11,8 +11,7 @@ Masks: ``mask`` is a per-token key mask ``(B, S)``, True/1 = real token (Hugging
 ``attention_mask``); inside, attention masks are bool True = may attend, broadcastable to
 (B, H, T, S), and ALiBi biases are folded in as an additive mask.
 
-Deviations from the references: the FFN of the shared layers applies dropout to its hidden
-activations as well as to its output (GPT-2 only drops the output); equal in eval mode.
+Deviations from the references: none in the architecture; see ``reset_parameters`` for init.
 """
 
 from __future__ import annotations
@@ -35,7 +34,12 @@ from attnlab.layers.positional import (
     build_positional_encoding,
 )
 from attnlab.models.base import PretrainedMixin
-from attnlab.models.common import freeze_tuple, layer_kwargs, validate_stack_config
+from attnlab.models.common import (
+    freeze_tuple,
+    layer_kwargs,
+    layer_window,
+    validate_stack_config,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,14 +185,22 @@ class GPT(PretrainedMixin, nn.Module):
             x = self.embed_norm(x)
         x = self.dropout(x)
         # ALiBi depends on distances only, so token indices serve (also for shifted positions).
-        k_index = torch.arange(offset + T, device=ids.device)  # (S,)
-        attn_mask = combine_masks(
-            as_attention_mask(mask) if mask is not None else None,
-            self.pos_encoding.score_bias(index, k_index),  # (H, T, S) or None
-        )
+        # A sliding-window cache returns only its window of keys: masks follow its key positions.
+        masks: dict[int, Tensor | None] = {}
         for i, layer in enumerate(self.layers):
             layer_cache = cache.layer(i)[0] if cache is not None else None
-            x, _ = layer(x, mask=attn_mask, is_causal=True, positions=pos, cache=layer_cache)
+            k_index = (  # (S,)
+                layer_cache.key_positions(T, ids.device)
+                if layer_cache is not None
+                else torch.arange(T, device=ids.device)
+            )
+            start = int(k_index[0]) if k_index.numel() else 0
+            if start not in masks:
+                masks[start] = combine_masks(
+                    as_attention_mask(mask[:, start:]) if mask is not None else None,
+                    self.pos_encoding.score_bias(index, k_index),  # (H, T, S) or None
+                )
+            x, _ = layer(x, mask=masks[start], is_causal=True, positions=pos, cache=layer_cache)
         return self.final_norm(x) if self.final_norm is not None else x
 
     def forward(
@@ -234,8 +246,11 @@ class GPT(PretrainedMixin, nn.Module):
         return logits, loss
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
-        """An empty :class:`KVCache` for up to ``max_len`` tokens (default ``max_seq_len``)."""
-        return KVCache(self.config.n_layers, max_len or self.config.max_seq_len)
+        """An empty :class:`KVCache` for up to ``max_len`` tokens (default ``max_seq_len``);
+        sliding-window layers keep only their window."""
+        c = self.config
+        windows = [layer_window(c, i) for i in range(c.n_layers)]
+        return KVCache(c.n_layers, max_len or c.max_seq_len, windows=windows)
 
 
 def _gpt2(d_model: int, n_layers: int, n_heads: int, max_seq_len: int = 1024) -> GPTConfig:

@@ -9,8 +9,7 @@ linear head classifies the [CLS] output (eq. 1-4 of the paper). ``n_classes=0`` 
 Shapes: B batch, C channels, H = W image side, P patches, E d_model, K classes.
 
 Deviations from the paper: the classification head is a single linear layer (the fine-tuning
-head of the paper; pre-training used an MLP with one hidden layer). The FFN of the shared layers
-applies dropout to its hidden activations as well; equal in eval mode.
+head of the paper; pre-training used an MLP with one hidden layer).
 """
 
 from __future__ import annotations
