@@ -2,10 +2,12 @@
 
 Public API: model configs and classes, :data:`PRESETS`, :func:`build_model`, checkpoints
 (:func:`from_pretrained` for attnlab's and Hugging Face's formats, :func:`save_pretrained`),
-sentence embeddings (:func:`embed`), and the layer package :mod:`attnlab.layers`.
+sentence embeddings (:func:`embed`), text generation (:func:`generate`, greedy/sampling/beam
+search with the KV cache), and the layer package :mod:`attnlab.layers`.
 """
 
 from attnlab.analysis.params import count_params
+from attnlab.generation.generate import generate
 from attnlab.hub import from_pretrained, save_pretrained
 from attnlab.models import (
     BERT,
@@ -43,6 +45,7 @@ __all__ = [
     "count_params",
     "embed",
     "from_pretrained",
+    "generate",
     "mask_tokens",
     "save_pretrained",
 ]

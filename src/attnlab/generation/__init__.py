@@ -1,0 +1,52 @@
+"""Generation: decoding loops on top of the models.
+
+- :func:`generate` / :func:`stream`: prefill + one-token steps with the KV cache; greedy or
+  sampling (temperature, top-k, top-p, min-p as composable logits processors, a seeded
+  ``torch.Generator``), EOS ids, batched prompts of different lengths (left padding);
+- :func:`beam_search`: §6.1's beam search with GNMT's length penalty, batched, with
+  ``num_return_sequences``;
+- :func:`greedy_decode`: the simple greedy decoder of the encoder-decoder model.
+"""
+
+from attnlab.generation.beam import (
+    LENGTH_NORMS,
+    BeamSearchOutput,
+    beam_search,
+    gnmt_length_penalty,
+    power_length_penalty,
+)
+from attnlab.generation.generate import StepOutput, generate, stream
+from attnlab.generation.greedy import greedy_decode
+from attnlab.generation.processors import (
+    LOGITS_PROCESSORS,
+    LogitsProcessor,
+    LogitsProcessorList,
+    MinP,
+    Temperature,
+    TopK,
+    TopP,
+    build_processors,
+)
+from attnlab.generation.prompts import Prompts, pack_prompts
+
+__all__ = [
+    "LENGTH_NORMS",
+    "LOGITS_PROCESSORS",
+    "BeamSearchOutput",
+    "LogitsProcessor",
+    "LogitsProcessorList",
+    "MinP",
+    "Prompts",
+    "StepOutput",
+    "Temperature",
+    "TopK",
+    "TopP",
+    "beam_search",
+    "build_processors",
+    "generate",
+    "gnmt_length_penalty",
+    "greedy_decode",
+    "pack_prompts",
+    "power_length_penalty",
+    "stream",
+]

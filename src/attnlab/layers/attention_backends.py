@@ -97,6 +97,8 @@ def sdpa_attention(
     if H_kv != H:
         k = repeat_kv(k, H // H_kv)  # (B, H, S, D)
         v = repeat_kv(v, H // H_kv)  # (B, H, S, D)
+    if is_causal and T == 1:
+        is_causal = False  # bottom-right aligned, a single query sees every key (decoding)
     if is_causal and (mask is not None or T != S):
         cm = causal_mask(T, S, device=q.device)  # (T, S)
         if mask is None:

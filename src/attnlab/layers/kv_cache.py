@@ -87,16 +87,31 @@ class LayerKVCache:
         Shapes:
             returns ``(S,)``: ``0 .. length + T - 1``, or only the kept window and the new tokens.
         """
-        start = 0
-        if self.window is not None:
-            start = max(0, self.length - (self.window - 1))
-        return torch.arange(start, self.length + T, device=device)
+        return torch.arange(self.key_start, self.length + T, device=device)
+
+    @property
+    def key_start(self) -> int:
+        """Absolute position of the first key the next :meth:`update` returns."""
+        if self.window is None:
+            return 0
+        return max(0, self.length - (self.window - 1))
 
     def reorder(self, index: Tensor) -> None:
-        """Select batch rows (beam search). index ``(B',)`` int."""
-        if self.k is not None and self.v is not None:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
+        """Select batch rows (beam search). index ``(B',)`` int.
+
+        A same-size index (a beam reorder) moves only the filled part of the preallocated
+        buffer, in place; a new batch size (repeating rows) allocates a new buffer.
+        """
+        if self.k is None or self.v is None:
+            return
+        in_place_ok = not self.k.is_inference() or torch.is_inference_mode_enabled()
+        if self.window is None and index.numel() == self.k.shape[0] and in_place_ok:
+            n = self.length
+            self.k[:, :, :n] = self.k[:, :, :n].index_select(0, index)
+            self.v[:, :, :n] = self.v[:, :, :n].index_select(0, index)
+            return
+        self.k = self.k.index_select(0, index)
+        self.v = self.v.index_select(0, index)
 
 
 class CrossKVCache:

@@ -1,8 +1,8 @@
-"""``save_pretrained`` / ``from_pretrained`` methods shared by every model class.
+"""Methods shared by model classes: checkpoints, and ``generate`` for the generative ones.
 
-A thin mixin over :mod:`attnlab.hub`, which does the work (attnlab's own checkpoint format, and
-Hugging Face checkpoints through :mod:`attnlab.interop`). The hub is imported inside the methods:
-it sits above ``models`` in the dependency order.
+Thin mixins over :mod:`attnlab.hub` (attnlab's own checkpoint format, and Hugging Face
+checkpoints through :mod:`attnlab.interop`) and :mod:`attnlab.generation`, which do the work.
+Both are imported inside the methods: they sit above ``models`` in the dependency order.
 """
 
 from __future__ import annotations
@@ -51,3 +51,14 @@ class PretrainedMixin:
                 "use attnlab.from_pretrained to load any model"
             )
         return model
+
+
+class GenerationMixin:
+    """Adds :meth:`generate`, a shortcut for :func:`attnlab.generation.generate`."""
+
+    def generate(self, input_ids: Any, *, max_new_tokens: int, **kwargs: Any) -> torch.Tensor:
+        """``attnlab.generate(self, input_ids, max_new_tokens=..., **kwargs)``: the new tokens
+        ``(B·R, N)``; see :func:`attnlab.generation.generate` for every option."""
+        from attnlab.generation.generate import generate
+
+        return generate(self, input_ids, max_new_tokens=max_new_tokens, **kwargs)  # type: ignore[arg-type]

@@ -33,7 +33,7 @@ from attnlab.layers.positional import (
     RotaryEmbedding,
     build_positional_encoding,
 )
-from attnlab.models.base import PretrainedMixin
+from attnlab.models.base import GenerationMixin, PretrainedMixin
 from attnlab.models.common import (
     freeze_tuple,
     layer_kwargs,
@@ -96,7 +96,7 @@ class GPTConfig:
         return self.norm_position == "pre" if self.final_norm is None else self.final_norm
 
 
-class GPT(PretrainedMixin, nn.Module):
+class GPT(PretrainedMixin, GenerationMixin, nn.Module):
     """Decoder-only Transformer LM: ``forward(ids) -> (logits, loss)``.
 
     For generation, create a cache with :meth:`new_cache` and call ``forward`` with it: the first
@@ -189,13 +189,13 @@ class GPT(PretrainedMixin, nn.Module):
         masks: dict[int, Tensor | None] = {}
         for i, layer in enumerate(self.layers):
             layer_cache = cache.layer(i)[0] if cache is not None else None
-            k_index = (  # (S,)
-                layer_cache.key_positions(T, ids.device)
-                if layer_cache is not None
-                else torch.arange(T, device=ids.device)
-            )
-            start = int(k_index[0]) if k_index.numel() else 0
+            start = layer_cache.key_start if layer_cache is not None else 0
             if start not in masks:
+                k_index = (  # (S,)
+                    layer_cache.key_positions(T, ids.device)
+                    if layer_cache is not None
+                    else torch.arange(T, device=ids.device)
+                )
                 masks[start] = combine_masks(
                     as_attention_mask(mask[:, start:]) if mask is not None else None,
                     self.pos_encoding.score_bias(index, k_index),  # (H, T, S) or None
