@@ -1,0 +1,128 @@
+"""Learning-rate schedules as pure functions of the step, and their ``LambdaLR`` wrapper.
+
+§5.3, eq. (3), the schedule of "Attention Is All You Need"::
+
+    lrate = d_model^-0.5 · min(step_num^-0.5, step_num · warmup_steps^-1.5)
+
+a linear warmup for ``warmup_steps`` steps, then decay proportional to the inverse square root of
+the step; it peaks at ``step_num = warmup_steps`` with ``d_model^-0.5 · warmup_steps^-0.5``. Also
+here: linear warmup + cosine decay (the common modern choice) and a constant rate (with an
+optional linear warmup).
+
+Every schedule returns a *multiplier* of the optimizer's learning rate. The Noam schedule's values
+are absolute learning rates (the paper uses no separate base rate), so use it with an optimizer
+created with ``lr=1.0``; for cosine/constant, the optimizer's ``lr`` is the peak rate.
+
+Steps count optimizer updates from 1 (the paper's ``step_num``). Step 0, "before the first
+update", is defined as the limit of the warmup ramp, 0, for every schedule with warmup.
+:func:`lambda_lr` hands ``LambdaLR``'s 0-based counter to the schedules as ``step + 1``, so the
+first update already runs at step 1's rate instead of wasting an update at rate 0.
+
+Deviations from the paper: the optional ``factor`` scales eq. (3) (the Annotated Transformer's
+convention; the paper is ``factor=1``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
+
+from attnlab.registry import Registry
+
+Schedule = Callable[[int], float]
+
+SCHEDULES: Registry[Callable[..., float]] = Registry("learning-rate schedule")
+
+
+def _check_step(step: int) -> None:
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+
+
+@SCHEDULES.register("noam")
+def noam(step: int, *, d_model: int, warmup: int = 4000, factor: float = 1.0) -> float:
+    """Eq. (3): ``factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)``.
+
+    Args:
+        step: optimizer updates so far, from 1 (``0`` gives ``0.0``, the warmup ramp's start).
+        d_model: the model width. warmup: ``warmup_steps`` (4000 in the paper).
+        factor: a multiplier of the whole schedule (1 in the paper).
+
+    Raises:
+        ValueError: for a negative step or non-positive ``d_model``/``warmup``/``factor``.
+    """
+    _check_step(step)
+    if d_model <= 0 or warmup <= 0 or factor <= 0:
+        raise ValueError(
+            f"d_model, warmup and factor must be positive, got {d_model}, {warmup}, {factor}"
+        )
+    if step == 0:
+        return 0.0
+    return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+@SCHEDULES.register("cosine")
+def warmup_cosine(step: int, *, warmup: int, total_steps: int, min_ratio: float = 0.0) -> float:
+    """Linear warmup from 0 to 1 over ``warmup`` steps, then a cosine from 1 to ``min_ratio``
+    at ``total_steps`` (and ``min_ratio`` after it).
+
+    Raises:
+        ValueError: for a negative step or warmup, ``total_steps <= warmup``, or ``min_ratio``
+            outside [0, 1].
+    """
+    _check_step(step)
+    if warmup < 0 or total_steps <= warmup:
+        raise ValueError(f"need 0 <= warmup < total_steps, got {warmup}, {total_steps}")
+    if not 0.0 <= min_ratio <= 1.0:
+        raise ValueError(f"min_ratio must be in [0, 1], got {min_ratio}")
+    if step < warmup:
+        return step / warmup
+    progress = min(1.0, (step - warmup) / (total_steps - warmup))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+@SCHEDULES.register("constant")
+def constant(step: int, *, warmup: int = 0) -> float:
+    """``1.0``, after an optional linear warmup from 0 over ``warmup`` steps.
+
+    Raises:
+        ValueError: for a negative step or warmup.
+    """
+    _check_step(step)
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    return min(1.0, step / warmup) if warmup else 1.0
+
+
+def make_schedule(name: str, **kwargs: Any) -> Schedule:
+    """The schedule ``name`` (``SCHEDULES.keys()``) with its keyword arguments bound.
+
+    Raises:
+        ValueError: for an unknown name, listing the valid ones.
+    """
+    return functools.partial(SCHEDULES.get(name), **kwargs)
+
+
+def lambda_lr(optimizer: Optimizer, schedule: Schedule) -> LambdaLR:
+    """A ``LambdaLR`` multiplying each group's ``lr`` by ``schedule(step)``.
+
+    ``LambdaLR`` counts from 0 (before the first ``scheduler.step()``); the schedule receives
+    that count + 1, the paper's 1-based ``step_num`` of the update about to happen.
+    """
+    return LambdaLR(optimizer, lambda epoch: schedule(epoch + 1))
+
+
+__all__ = [
+    "SCHEDULES",
+    "Schedule",
+    "constant",
+    "lambda_lr",
+    "make_schedule",
+    "noam",
+    "warmup_cosine",
+]
