@@ -13,10 +13,12 @@ tensor; :func:`save_hf` writes a directory that ``transformers.AutoModel*.from_p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +79,29 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def _shards(directory: Path, index_name: str) -> list[Path]:
-    index = json.loads((directory / index_name).read_text(encoding="utf-8"))
-    names = sorted(set(index.get("weight_map", {}).values()))
+    """The weight files an index lists: plain file names inside ``directory`` only.
+
+    Raises:
+        ValueError: for an index that is not JSON or has no ``weight_map``, lists no file, or
+            names a file elsewhere (``../x``, ``/abs/path``, ``sub/dir``).
+    """
+    file = directory / index_name
+    try:
+        index = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{file} is not valid JSON: {e}") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(n, str) for n in weight_map.values()):
+        raise ValueError(f"{file} must hold a 'weight_map' object: tensor name -> file name")
+    names = sorted(set(weight_map.values()))
     if not names:
-        raise ValueError(f"{directory / index_name} lists no weight files")
+        raise ValueError(f"{file} lists no weight files")
+    for name in names:
+        if name in ("", ".", "..") or Path(name).name != name:
+            raise ValueError(
+                f"{file} names the weight file {name!r}: shards must be plain file names "
+                f"inside {directory}"
+            )
     return [directory / n for n in names]
 
 
@@ -220,13 +241,30 @@ def hf_family_of(model: nn.Module) -> tuple[HFFamily, dict[str, Any]]:
     )
 
 
+def _write_atomic(directory: Path, name: str, write: Callable[[str], object]) -> None:
+    """Write ``directory / name`` through a temporary file in ``directory`` and ``os.replace``:
+    a failed write leaves the old file, and an existing symlink is replaced, never followed
+    (so nothing is written outside ``directory``)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, directory / name)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def save_hf(model: nn.Module, path: str | os.PathLike[str]) -> Path:
     """Write ``model`` as a Hugging Face checkpoint directory (``config.json`` +
     ``model.safetensors``) that ``transformers.AutoModel*.from_pretrained`` loads.
 
     The architecture is the family's model with its head (``BertForMaskedLM`` for a BERT with
     an MLM head, ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``BloomForCausalLM``,
-    ``ViTForImageClassification``, ``MarianMTModel``), or the bare model without one.
+    ``ViTForImageClassification``, ``MarianMTModel``), or the bare model without one. Each file
+    is written to a temporary file in the directory and moved into place, so an interrupted
+    save leaves the previous file, and a symlink in the directory is replaced, not followed.
 
     Returns:
         The directory.
@@ -249,13 +287,10 @@ def save_hf(model: nn.Module, path: str | os.PathLike[str]) -> Path:
     hf_config["dtype"] = str(dtype).removeprefix("torch.")
     hf_config["torch_dtype"] = hf_config["dtype"]  # transformers 4's name
     # safetensors wants contiguous tensors that share no memory (tied ones are written once).
-    save_file(
-        {k: v.detach().contiguous().clone().cpu() for k, v in tensors.items()},
-        directory / SAFETENSORS_NAME,
-        metadata={"format": "pt"},
-    )
+    arrays = {k: v.detach().contiguous().clone().cpu() for k, v in tensors.items()}
     text = json.dumps(hf_config, indent=2, sort_keys=True) + "\n"
-    (directory / CONFIG_NAME).write_text(text, encoding="utf-8")
+    _write_atomic(directory, SAFETENSORS_NAME, lambda f: save_file(arrays, f, {"format": "pt"}))
+    _write_atomic(directory, CONFIG_NAME, lambda f: Path(f).write_text(text, encoding="utf-8"))
     logger.info("wrote %s checkpoint to %s", family.name, directory)
     return directory
 

@@ -24,6 +24,7 @@ causal mask instead.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
@@ -94,6 +95,8 @@ def sdpa_attention(
     B, H, H_kv, T, S, _ = check_qkv(q, k, v)
     if mask is not None:
         check_mask(mask, B, H, T, S)
+        # PyTorch's SDPA wants at least (T, S); a view with leading ones broadcasts the same.
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (b, h, t, s)
     if H_kv != H:
         k = repeat_kv(k, H // H_kv)  # (B, H, S, D)
         v = repeat_kv(v, H // H_kv)  # (B, H, S, D)
@@ -110,9 +113,14 @@ def sdpa_attention(
         is_causal = False
     dead: Tensor | None = None  # (..., T, 1): queries whose every key is masked
     if mask is not None and mask.is_floating_point():
-        # SDPA averages such rows uniformly; the library (and the math path) returns zeros.
-        dead = ~(mask > torch.finfo(mask.dtype).min).any(dim=-1, keepdim=True)
+        # Masked keys (at finfo.min or -inf) go to -inf: at finfo.min, a score near the dtype's
+        # max would cancel the fill and let a masked key through. A row with every key masked
+        # would then be NaN: it gets a zero mask instead, and its output is zeroed below (SDPA
+        # would average it uniformly; the library, like the math path, returns zeros).
+        masked = ~(mask > torch.finfo(mask.dtype).min)
+        dead = masked.all(dim=-1, keepdim=True)
         mask = mask.to(q.dtype).clamp_min(torch.finfo(q.dtype).min)
+        mask = mask.masked_fill(masked, -math.inf).masked_fill(dead, 0.0)
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
     )

@@ -15,7 +15,9 @@ memory.
 Feature maps (``feature_map=``):
 
 - ``"elu"`` (default): ``φ(x) = elu(x) + 1`` (Katharopoulos et al.), M = D. It has no temperature,
-  so ``scale`` is ignored.
+  so ``scale`` is ignored. Inside :func:`linear_attention` each query's features are divided by
+  their max and the keys' by one max over all keys (constants that cancel in the ratio), so the
+  sums stay finite for arbitrarily large q and k.
 - ``"favor"``: the Performer's positive orthogonal random features (Choromanski et al., 2021,
   FAVOR+): ``φ(x) = exp(ωᵀx - |x|²/2) / sqrt(M)`` with ``x`` scaled by ``sqrt(scale)``, so that
   ``E[φ(q)·φ(k)] = exp(scale · q·k)``: an unbiased estimate of softmax attention's kernel. ``ω``
@@ -41,13 +43,13 @@ by all queries.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.layers.attention import check_qkv
+from attnlab.layers.attention import check_qkv, scaled_dot_product_attention
 from attnlab.layers.attention_backends import ATTENTION_BACKEND_FACTORIES, ATTENTION_BACKENDS
 from attnlab.layers.masks import check_mask
 
@@ -215,10 +217,17 @@ def linear_attention(
     if mask is not None:
         check_mask(mask, B, H, T, S)
     keep = _key_padding(mask, S)  # (B|1, 1, S)
+    if T == 0 or S == 0:  # no keys or no queries: zeros / an empty output, as the math path gives
+        return cast(Tensor, scaled_dot_product_attention(q, k, v))
     n_rep, Dv = H // H_kv, v.shape[-1]
     phi_q, phi_k = linear_attention_features(
         q, k, feature_map=feature_map, projection=projection, scale=scale, key_keep=keep
     )
+    if feature_map == "elu":
+        # The ratio is unchanged by a constant per query and one over all keys: dividing by the
+        # maxima keeps the sums from overflowing for huge q/k (FAVOR's features do it already).
+        phi_q = phi_q / _positive_max(phi_q.detach(), (-1,))
+        phi_k = phi_k / _positive_max(phi_k.detach(), (-2, -1))
     v_num = v.to(phi_k.dtype)  # values of the numerator (dropout acts here only)
     if dropout_p > 0.0:
         z = torch.rand(B, H_kv, S, 1, device=v.device) >= dropout_p  # (B, H_kv, S, 1)
@@ -232,6 +241,12 @@ def linear_attention(
         den = torch.einsum("bgrtm,bgm->bgrt", phi_q, phi_k.sum(dim=2)).unsqueeze(-1)
     out = torch.where(den > 0, num / torch.where(den > 0, den, 1.0), 0.0)  # empty rows -> 0
     return out.reshape(B, H, T, Dv).to(q.dtype)
+
+
+def _positive_max(x: Tensor, dims: tuple[int, ...]) -> Tensor:
+    """The max of non-negative ``x`` over ``dims`` (kept), 1 where it is 0 (nothing to scale)."""
+    m = x.amax(dim=dims, keepdim=True)
+    return torch.where(m > 0, m, 1.0)
 
 
 def _causal(phi_q: Tensor, phi_k: Tensor, v: Tensor, c: int) -> tuple[Tensor, Tensor]:

@@ -35,12 +35,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.layers.attention import check_qkv
+from attnlab.layers.attention import check_qkv, scaled_dot_product_attention
 from attnlab.layers.attention_backends import ATTENTION_BACKEND_FACTORIES, ATTENTION_BACKENDS
 from attnlab.layers.masks import check_mask
 
@@ -87,6 +88,8 @@ def sliding_window_mask(
         ``j``. It is O(T·S): for reference only.
     """
     S = T if S is None else S
+    if T == 0 or S == 0:
+        return torch.zeros(T, S, dtype=torch.bool, device=device)
     lo, hi = _band_limits(window, is_causal)
     p = torch.arange(T, device=device).unsqueeze(1) + (S - T)  # (T, 1) query positions
     j = torch.arange(S, device=device).unsqueeze(0)  # (1, S)
@@ -198,8 +201,8 @@ def sliding_window_attention(
     if block < 1:
         raise ValueError(f"block_size must be positive, got {block_size}")
     n_rep, Dv, offset = H // H_kv, v.shape[-1], S - T
-    if T == 0 or S == 0:
-        return q.new_zeros(B, H, T, Dv)
+    if T == 0 or S == 0:  # no scores: zeros (S = 0) or an empty output, as the math path gives
+        return cast(Tensor, scaled_dot_product_attention(q, k, v))
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     cdt = torch.promote_types(q.dtype, torch.float32)  # scores and softmax in >= float32
     lo, hi = _band_limits(int(window), is_causal)

@@ -23,12 +23,24 @@ class TokenEmbedding(nn.Module):
         vocab_size: V. d_model: E.
         scale: multiply by sqrt(E) (the paper; BERT/GPT do not).
         padding_idx: optional pad id whose vector is kept at zero and gets no gradient.
+
+    Raises:
+        ValueError: for a non-positive size or a ``padding_idx`` outside ``[0, V)``.
     """
 
     def __init__(
         self, vocab_size: int, d_model: int, *, scale: bool = True, padding_idx: int | None = None
     ) -> None:
         super().__init__()
+        if vocab_size < 1 or d_model < 1:
+            raise ValueError(
+                f"vocab_size and d_model must be positive, got vocab_size={vocab_size}, "
+                f"d_model={d_model}"
+            )
+        if padding_idx is not None and not 0 <= padding_idx < vocab_size:
+            raise ValueError(
+                f"padding_idx={padding_idx} is outside the vocabulary [0, {vocab_size})"
+            )
         self.vocab_size, self.d_model = vocab_size, d_model
         self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
         self.padding_idx = padding_idx

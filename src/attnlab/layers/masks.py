@@ -114,10 +114,18 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
     Shapes:
         each broadcastable to a common shape; returns that broadcast shape (or ``None`` if all
         inputs are ``None``).
+
+    Raises:
+        ValueError: if the shapes do not broadcast together.
     """
     present = [m for m in masks if m is not None]
     if not present:
         return None
+    try:
+        torch.broadcast_shapes(*(m.shape for m in present))
+    except RuntimeError:
+        shapes = [tuple(m.shape) for m in present]
+        raise ValueError(f"masks of shapes {shapes} do not broadcast together") from None
     float_masks = [m for m in present if m.is_floating_point()]
     if not float_masks:
         out = present[0]
@@ -136,7 +144,12 @@ def to_additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
 
     Boolean ``True`` (may attend) -> ``0``; ``False`` -> ``torch.finfo(dtype).min``.
     Floating masks are cast to ``dtype`` unchanged.
+
+    Raises:
+        TypeError: if ``dtype`` is not a floating-point dtype.
     """
+    if not dtype.is_floating_point:
+        raise TypeError(f"an additive mask needs a floating-point dtype, got {dtype}")
     if mask.dtype == torch.bool:
         zero = torch.zeros((), dtype=dtype, device=mask.device)
         neg = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=mask.device)

@@ -15,6 +15,13 @@ from torch import Tensor, nn
 from attnlab.registry import Registry
 
 
+def _check_last_dim(x: Tensor, d_model: int, name: str) -> None:
+    if x.dim() == 0 or x.shape[-1] != d_model:
+        raise ValueError(
+            f"{name}({d_model}) needs inputs (..., {d_model}), got shape {tuple(x.shape)}"
+        )
+
+
 class LayerNorm(nn.Module):
     """Layer normalisation with an optional bias (GPT-style models drop it)."""
 
@@ -25,6 +32,7 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
+        _check_last_dim(x, self.weight.shape[0], "LayerNorm")
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
 
 
@@ -39,6 +47,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: Tensor) -> Tensor:
+        _check_last_dim(x, self.weight.shape[0], "RMSNorm")
         x32 = x.float()
         y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (y * self.weight.float()).to(x.dtype)

@@ -13,6 +13,7 @@ Deviations from the paper: none (the paper's "hybrid" CNN stem is not implemente
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 
@@ -104,8 +105,17 @@ class PatchEmbedding(nn.Module):
 
         Raises:
             ValueError: for a wrong rank, channel count or image size.
+            TypeError: for images that are not floating point of the projection's dtype.
         """
         _check_images(images, self.patch_size, self.in_channels)
+        dtype = self.proj.weight.dtype
+        if not images.is_floating_point() or (
+            images.dtype != dtype and not torch.is_autocast_enabled(images.device.type)
+        ):
+            raise TypeError(
+                f"images must be {dtype} like the model's weights, got {images.dtype} "
+                "(convert the images, or the model with .to(dtype))"
+            )
         H, W = images.shape[-2:]
         if (self.image_size, self.image_size) != (H, W):
             raise ValueError(

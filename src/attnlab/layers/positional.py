@@ -47,6 +47,24 @@ class PositionalEncoding(nn.Module):
         return None
 
 
+def check_positions(positions: Tensor, x: Tensor, seq_dim: int) -> None:
+    """Raise ``ValueError`` unless ``positions`` is ``(T,)`` or ``(B, T)`` for ``x``'s tokens.
+
+    Args:
+        seq_dim: the dim of ``x`` that holds T (1 for embeddings ``(B, T, E)``, 2 for heads
+            ``(B, H, T, D)``); B is dim 0.
+    """
+    T, B = x.shape[seq_dim], x.shape[0]
+    if positions.dim() == 1 and positions.shape[0] == T:
+        return
+    if positions.dim() == 2 and positions.shape[1] == T and positions.shape[0] in (1, B):
+        return
+    raise ValueError(
+        f"positions must be (T,) = ({T},) or (B, T) = ({B}, {T}) for inputs of shape "
+        f"{tuple(x.shape)}, got {tuple(positions.shape)}"
+    )
+
+
 def sinusoidal_table(positions: Tensor, d_model: int, base: float = 10000.0) -> Tensor:
     """§3.5: PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(pos / base^(2i/d)).
 
@@ -71,6 +89,7 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
         self.base = base
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        check_positions(positions, x, 1)
         pe = sinusoidal_table(positions, self.d_model, self.base).to(x.dtype)  # (T|B,T, E)
         return x + pe
 
@@ -85,6 +104,7 @@ class LearnedPositionalEmbedding(PositionalEncoding):
         nn.init.normal_(self.weight, std=0.02)
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        check_positions(positions, x, 1)
         if positions.numel() and int(positions.max()) >= self.max_seq_len:
             raise ValueError(
                 f"position {int(positions.max())} is outside the learned table of "
@@ -151,6 +171,16 @@ class RotaryEmbedding(PositionalEncoding):
         return pos.unsqueeze(-1) * inv  # (..., T, D/2)
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Rotate q or k ``(B, H, T, D)`` at ``positions`` ``(T,)|(B, T)``.
+
+        Raises:
+            ValueError: if the last dim is not ``d_head`` or positions do not match T.
+        """
+        if x.dim() != 4 or x.shape[-1] != self.d_head:
+            raise ValueError(
+                f"RoPE rotates (B, H, T, {self.d_head}) queries/keys, got shape {tuple(x.shape)}"
+            )
+        check_positions(positions, x, 2)
         ang = self.angles(positions)  # (T, D/2) or (B, T, D/2)
         if ang.dim() == 3:
             ang = ang.unsqueeze(1)  # (B, 1, T, D/2): broadcast over heads

@@ -48,17 +48,31 @@ def config_for(name: str, **overrides: Any) -> Any:
     """
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; valid: {', '.join(sorted(PRESETS))}")
-    base = PRESETS[name]
-    fields = {f.name for f in dataclasses.fields(base)}
+    return _replace(PRESETS[name], repr(name), overrides)
+
+
+def _replace(config: Any, what: str, overrides: dict[str, Any]) -> Any:
+    """``dataclasses.replace`` that names unknown keys (and the valid ones) in a ValueError."""
+    fields = {f.name for f in dataclasses.fields(config)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
-        raise ValueError(f"unknown config keys {unknown} for {name!r}; valid: {sorted(fields)}")
-    return dataclasses.replace(base, **overrides)
+        raise ValueError(f"unknown config keys {unknown} for {what}; valid: {sorted(fields)}")
+    return dataclasses.replace(config, **overrides)
 
 
 def model_class_for(config: Any) -> type[nn.Module]:
-    """The model class that builds ``config`` (looked up by its ``model_type``)."""
-    _, model_cls = MODEL_TYPES.get(type(config).model_type)
+    """The model class that builds ``config`` (looked up by its ``model_type``).
+
+    Raises:
+        ValueError: if ``config`` is not a model config.
+    """
+    model_type = getattr(type(config), "model_type", None)
+    if not isinstance(model_type, str):
+        raise ValueError(
+            f"{type(config).__name__} is not a model config; expected one of "
+            f"{', '.join(c.__name__ for c, _ in (MODEL_TYPES.get(k) for k in MODEL_TYPES))}"
+        )
+    _, model_cls = MODEL_TYPES.get(model_type)
     return model_cls
 
 
@@ -71,11 +85,17 @@ def build_model(
         name_or_config: a key of :data:`PRESETS` or a config dataclass instance.
         device: where to create the parameters (``"meta"`` builds without allocating).
         overrides: config fields to replace.
+
+    Raises:
+        ValueError: for an unknown preset or override key (listing the valid ones), or an
+            object that is not a model config.
     """
     if isinstance(name_or_config, str):
         config = config_for(name_or_config, **overrides)
     else:
-        config = dataclasses.replace(name_or_config, **overrides) if overrides else name_or_config
+        model_class_for(name_or_config)  # raises for an object that is not a model config
+        what = type(name_or_config).__name__
+        config = _replace(name_or_config, what, overrides) if overrides else name_or_config
     cls = model_class_for(config)
     with torch.device(device) if device is not None else contextlib.nullcontext():
         return cls(config)

@@ -186,6 +186,11 @@ class BERT(PretrainedMixin, nn.Module):
         if ids.dim() != 2:
             raise ValueError(f"ids must be (B, T) token ids, got shape {tuple(ids.shape)}")
         T = ids.shape[1]
+        if T == 0:
+            raise ValueError(
+                f"ids must hold at least one token (the pooler reads [CLS]), got shape "
+                f"{tuple(ids.shape)}"
+            )
         if c.pos_encoding == "learned" and c.max_seq_len < T:
             raise ValueError(
                 f"sequence of {T} tokens exceeds max_seq_len={c.max_seq_len} "
@@ -231,8 +236,8 @@ class BERT(PretrainedMixin, nn.Module):
             :class:`BERTOutput` ``(hidden, pooled, logits, loss)``.
 
         Raises:
-            ValueError: for ids/segments out of range, sequences over the position table, or
-                ``targets`` without an MLM head.
+            ValueError: for ids/segments out of range, an empty or too long sequence, or
+                ``targets`` without an MLM head or of another shape than ``ids``.
         """
         mask = self.default_mask(ids) if mask is None else mask
         x = self.embed(ids, token_type_ids)  # (B, T, E)
@@ -251,6 +256,10 @@ class BERT(PretrainedMixin, nn.Module):
         if targets is not None:
             if logits is None:
                 raise ValueError("targets need the MLM head; build with mlm_head=True")
+            if targets.shape != ids.shape:
+                raise ValueError(
+                    f"targets must match ids {tuple(ids.shape)}, got {tuple(targets.shape)}"
+                )
             loss = F.cross_entropy(
                 logits.flatten(0, 1).float(),
                 targets.flatten(),

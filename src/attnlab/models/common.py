@@ -24,13 +24,49 @@ from attnlab.layers.positional import POSITIONAL_ENCODINGS
 
 _OPTIONAL_POSITIVE = ("max_seq_len", "rope_base", "init_std", "vocab_size")
 
+# Field types, checked first: a config from JSON may carry "64" or 2.5 where an int belongs.
+_INT_FIELDS = (
+    "vocab_size", "tgt_vocab_size", "type_vocab_size", "d_model", "n_heads", "n_kv_heads",
+    "n_layers", "n_decoder_layers", "d_ff", "max_seq_len", "attn_window", "image_size",
+    "patch_size", "in_channels", "n_classes", "ignore_index", "pad_id", "bos_id", "eos_id",
+    "cls_id", "sep_id", "mask_id",
+)  # fmt: skip
+_FLOAT_FIELDS = ("dropout", "attn_dropout", "norm_eps", "rope_base", "rope_factor", "init_std")
+_BOOL_FIELDS = (
+    "bias", "tie_output", "final_norm", "embed_norm", "pooler", "mlm_head", "scale_embeddings",
+    "share_embeddings", "output_bias",
+)  # fmt: skip
+
+
+def check_field_types(c: Any) -> None:
+    """Raise ``TypeError`` for a field of the wrong type (``None`` is skipped).
+
+    Integers must be ``int`` (not ``bool``, not ``2.0``), floats ``int`` or ``float``, flags
+    ``bool`` (a JSON ``"false"`` string would otherwise be true).
+    """
+    for names, ok, what in (
+        (_INT_FIELDS, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+        (
+            _FLOAT_FIELDS,
+            lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+            "a number",
+        ),
+        (_BOOL_FIELDS, lambda v: isinstance(v, bool), "true or false"),
+    ):
+        for name in names:
+            value = getattr(c, name, None)
+            if value is not None and not ok(value):
+                raise TypeError(f"{name} must be {what}, got {value!r}")
+
 
 def validate_stack_config(c: Any) -> None:
     """Validate the fields shared by model configs (those a config lacks are skipped).
 
     Raises:
+        TypeError: for a field of the wrong type (see :func:`check_field_types`).
         ValueError: naming the bad value and, for closed choices, the valid ones.
     """
+    check_field_types(c)
     check_positive(
         d_model=c.d_model,
         n_heads=c.n_heads,
@@ -54,6 +90,8 @@ def validate_stack_config(c: Any) -> None:
             raise ValueError(f"rope needs an even head dim, got d_head={c.d_model // c.n_heads}")
     if hasattr(c, "rope_scaling"):
         check_choice("rope_scaling", c.rope_scaling, ["none", "linear", "ntk", "dynamic"])
+    if getattr(c, "rope_factor", 1.0) < 1.0:
+        raise ValueError(f"rope_factor must be >= 1, got {c.rope_factor}")
     _validate_backends(c)
 
 

@@ -92,8 +92,9 @@ class TransformerConfig:
             )
         for name in ("pad_id", "bos_id", "eos_id"):
             tok = getattr(self, name)
-            if tok is not None and not 0 <= tok < min(self.vocab_size, self.target_vocab_size):
-                raise ValueError(f"{name}={tok} is outside the vocabulary")
+            n = min(self.vocab_size, self.target_vocab_size)
+            if tok is not None and not 0 <= tok < n:
+                raise ValueError(f"{name}={tok} is outside the vocabulary [0, {n})")
 
     @property
     def d_head(self) -> int:
@@ -313,12 +314,23 @@ class EncoderDecoderTransformer(PretrainedMixin, GenerationMixin, nn.Module):
 
         Returns:
             ``(logits (B, T, V), loss or None)``; the loss is the mean token cross-entropy.
+
+        Raises:
+            ValueError: for ids outside the vocabulary, masks or targets of the wrong shape.
         """
+        if src.dim() == tgt.dim() == 2 and src.shape[0] != tgt.shape[0]:
+            raise ValueError(
+                f"src and tgt batch sizes differ: {tuple(src.shape)} and {tuple(tgt.shape)}"
+            )
         src_mask = self.default_src_mask(src) if src_mask is None else src_mask
         memory = self.encode(src, src_mask=src_mask)
         logits = self.decode(tgt, memory, src_mask=src_mask, tgt_mask=tgt_mask)
         loss = None
         if targets is not None:
+            if targets.shape != tgt.shape:
+                raise ValueError(
+                    f"targets must match tgt {tuple(tgt.shape)}, got {tuple(targets.shape)}"
+                )
             ignore = self.config.pad_id if self.config.pad_id is not None else -100
             loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=ignore)
         return logits, loss
