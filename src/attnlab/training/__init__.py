@@ -1,9 +1,26 @@
 """Training: synthetic tasks, learning-rate schedules (§5.3), label smoothing (§5.4), a minimal
-loop with exact-match evaluation, and atomic safetensors checkpoints."""
+loop with exact-match evaluation, and atomic safetensors checkpoints; and the full trainer
+(:class:`Trainer` with :class:`attnlab.training.config.TrainConfig`: optimizer groups,
+accumulation, clipping, evaluation, early stopping, resumable checkpoints, metrics), data and
+tokenizers, and the recipes behind ``attnlab train <recipe>``.
+
+``TrainConfig`` here is still the minimal loop's (:func:`train`, the reverse task); the trainer's
+is ``attnlab.training.config.TrainConfig``.
+"""
 
 from attnlab.training.checkpoint import load_checkpoint, load_config, save_checkpoint
+from attnlab.training.data import ArrayImageDataset, TokenStream, load_digits, load_text
 from attnlab.training.loop import TrainConfig, TrainResult, evaluate_exact_match, train
 from attnlab.training.losses import label_smoothed_cross_entropy
+from attnlab.training.metrics import MetricsLogger
+from attnlab.training.objectives import (
+    CausalLMObjective,
+    ClassificationObjective,
+    MaskedLMObjective,
+    Objective,
+)
+from attnlab.training.optim import build_optimizer, build_scheduler, parameter_groups
+from attnlab.training.recipes import RECIPES, load_run, prepare
 from attnlab.training.schedules import (
     SCHEDULES,
     constant,
@@ -12,23 +29,54 @@ from attnlab.training.schedules import (
     noam,
     warmup_cosine,
 )
+from attnlab.training.state import (
+    latest_checkpoint,
+    load_training_state,
+    save_training_checkpoint,
+)
 from attnlab.training.tasks import ReverseTask, Seq2SeqBatch
+from attnlab.training.tokenizers import BPETokenizer, CharTokenizer, load_tokenizer
+from attnlab.training.trainer import FitResult, Trainer, clip_gradients
 
 __all__ = [
+    "RECIPES",
     "SCHEDULES",
+    "ArrayImageDataset",
+    "BPETokenizer",
+    "CausalLMObjective",
+    "CharTokenizer",
+    "ClassificationObjective",
+    "FitResult",
+    "MaskedLMObjective",
+    "MetricsLogger",
+    "Objective",
     "ReverseTask",
     "Seq2SeqBatch",
+    "TokenStream",
     "TrainConfig",
     "TrainResult",
+    "Trainer",
+    "build_optimizer",
+    "build_scheduler",
+    "clip_gradients",
     "constant",
     "evaluate_exact_match",
     "label_smoothed_cross_entropy",
     "lambda_lr",
+    "latest_checkpoint",
     "load_checkpoint",
     "load_config",
+    "load_digits",
+    "load_run",
+    "load_text",
+    "load_tokenizer",
+    "load_training_state",
     "make_schedule",
     "noam",
+    "parameter_groups",
+    "prepare",
     "save_checkpoint",
+    "save_training_checkpoint",
     "train",
     "warmup_cosine",
 ]

@@ -1,0 +1,218 @@
+"""Training data: Tiny Shakespeare, token streams cut into random blocks, and image arrays.
+
+Every dataset samples with an explicit ``torch.Generator``: the generator's state *is* the data
+position, so a checkpoint that stores it resumes the exact same batch sequence.
+
+- :func:`load_text` reads a text file from a path, from ``$ATTNLAB_DATA``, or (for Tiny
+  Shakespeare) downloads it once into a cache directory.
+- :class:`TokenStream`: a 1-D id tensor split into train (first ``1 - val_fraction``) and val
+  (the rest); :meth:`TokenStream.blocks` draws random contiguous blocks ``(B, T + 1)``, from
+  which a language model reads ``x = block[:, :-1]`` and ``y = block[:, 1:]``.
+- :class:`ArrayImageDataset`: images ``(N, C, H, W)`` and labels ``(N,)`` with a seeded
+  train/test split, and :func:`load_digits` for scikit-learn's bundled 8x8 digits.
+
+Shapes: B batch, T block length, N examples, C channels, H x W pixels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import urllib.request
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+Split = Literal["train", "val"]
+
+logger = logging.getLogger(__name__)
+
+TINY_SHAKESPEARE_URL = (
+    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+)
+TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+TINY_SHAKESPEARE = "tinyshakespeare.txt"
+
+
+def data_dir() -> Path:
+    """``$ATTNLAB_DATA`` if set, else ``~/.cache/attnlab``."""
+    env = os.environ.get("ATTNLAB_DATA")
+    return Path(env) if env else Path.home() / ".cache" / "attnlab"
+
+
+def load_text(path: str | os.PathLike[str] | None = None, *, download: bool = True) -> str:
+    """The text of ``path``, or of Tiny Shakespeare when ``path`` is ``None``.
+
+    Without a path the file is looked up as ``tinyshakespeare.txt`` in :func:`data_dir`; if it is
+    missing and ``download`` is true it is fetched from its public URL, checked against its
+    sha256 and cached there.
+
+    Raises:
+        FileNotFoundError: if the file is missing and cannot be downloaded.
+        ValueError: if a download does not match the expected checksum.
+    """
+    if path is not None:
+        return Path(path).read_text(encoding="utf-8")
+    file = data_dir() / TINY_SHAKESPEARE
+    if not file.is_file():
+        if not download:
+            raise FileNotFoundError(f"{file} is missing (set ATTNLAB_DATA or pass a path)")
+        _download(TINY_SHAKESPEARE_URL, file, TINY_SHAKESPEARE_SHA256)
+    return file.read_text(encoding="utf-8")
+
+
+def _download(url: str, file: Path, sha256: str) -> None:
+    logger.info("downloading %s -> %s", url, file)
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            payload = response.read()
+    except OSError as e:
+        raise FileNotFoundError(f"{file} is missing and {url} could not be fetched: {e}") from e
+    digest = hashlib.sha256(payload).hexdigest()
+    if digest != sha256:
+        raise ValueError(f"{url}: sha256 {digest} does not match the expected {sha256}")
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_suffix(".part")
+    tmp.write_bytes(payload)
+    os.replace(tmp, file)
+
+
+class TokenStream:
+    """A token-id sequence with a train/val split, sampled as random contiguous blocks.
+
+    Args:
+        ids: the whole corpus as ids ``(N,)``.
+        val_fraction: the last fraction of ``ids`` held out for validation (nanoGPT's 10%).
+
+    Raises:
+        ValueError: for a fraction outside (0, 1) or a corpus too short to split.
+    """
+
+    def __init__(self, ids: Tensor | list[int], *, val_fraction: float = 0.1) -> None:
+        ids = torch.as_tensor(ids, dtype=torch.int64)
+        if ids.ndim != 1:
+            raise ValueError(f"ids must be 1-D, got shape {tuple(ids.shape)}")
+        if not 0.0 < val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        n_train = int(len(ids) * (1.0 - val_fraction))
+        if n_train < 2 or len(ids) - n_train < 2:
+            raise ValueError(f"{len(ids)} tokens are too few to split with {val_fraction=}")
+        self.splits: dict[str, Tensor] = {"train": ids[:n_train], "val": ids[n_train:]}
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self.splits.values())
+
+    def split(self, split: Split) -> Tensor:
+        """The ids of ``split`` (``"train"`` or ``"val"``)."""
+        if split not in self.splits:
+            raise ValueError(f"split={split!r} is not valid; choose one of {list(self.splits)}")
+        return self.splits[split]
+
+    def blocks(
+        self, split: Split, batch_size: int, length: int, generator: torch.Generator
+    ) -> Tensor:
+        """``batch_size`` random contiguous windows of ``length`` ids, ``(B, length)``.
+
+        Raises:
+            ValueError: if ``split`` is shorter than ``length``.
+        """
+        data = self.split(split)
+        if len(data) < length:
+            raise ValueError(f"the {split} split has {len(data)} tokens, fewer than {length}")
+        starts = torch.randint(len(data) - length + 1, (batch_size,), generator=generator)
+        index = starts[:, None] + torch.arange(length)  # (B, length)
+        return data[index]
+
+
+class ArrayImageDataset:
+    """Images and integer labels held in memory, split once into train/test by a seeded shuffle.
+
+    Args:
+        images: ``(N, C, H, W)`` (or ``(N, H, W)``, given one channel), any real dtype.
+        labels: ``(N,)`` class ids in ``[0, n_classes)``.
+        test_fraction: fraction held out as the ``"val"`` (test) split.
+        seed: seeds the split.
+        normalize: scale each image channel to zero mean, unit variance using train statistics.
+
+    Raises:
+        ValueError: for mismatched lengths, a bad rank, or a fraction outside (0, 1).
+    """
+
+    def __init__(
+        self,
+        images: Tensor | np.ndarray,
+        labels: Tensor | np.ndarray,
+        *,
+        test_fraction: float = 0.2,
+        seed: int = 0,
+        normalize: bool = True,
+    ) -> None:
+        x = torch.as_tensor(np.asarray(images), dtype=torch.float32)
+        y = torch.as_tensor(np.asarray(labels), dtype=torch.int64)
+        if x.ndim == 3:
+            x = x[:, None]  # (N, 1, H, W)
+        if x.ndim != 4 or y.ndim != 1 or len(x) != len(y):
+            raise ValueError(
+                f"need images (N, C, H, W) and labels (N,), got {tuple(x.shape)}, {tuple(y.shape)}"
+            )
+        if not 0.0 < test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+        n_test = max(1, round(len(x) * test_fraction))
+        test, train = order[:n_test], order[n_test:]
+        if normalize:
+            mean = x[train].mean(dim=(0, 2, 3), keepdim=True)  # (1, C, 1, 1)
+            std = x[train].std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
+            x = (x - mean) / std
+        self.n_classes = int(y.max()) + 1
+        self.splits: dict[str, tuple[Tensor, Tensor]] = {
+            "train": (x[train], y[train]),
+            "val": (x[test], y[test]),
+        }
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """``(C, H, W)``."""
+        c, h, w = self.splits["train"][0].shape[1:]
+        return int(c), int(h), int(w)
+
+    def split(self, split: Split) -> tuple[Tensor, Tensor]:
+        """``(images, labels)`` of ``split`` (``"train"`` or ``"val"``, the test split)."""
+        if split not in self.splits:
+            raise ValueError(f"split={split!r} is not valid; choose one of {list(self.splits)}")
+        return self.splits[split]
+
+    def batch(
+        self, split: Split, batch_size: int, generator: torch.Generator
+    ) -> tuple[Tensor, Tensor]:
+        """``batch_size`` random examples (with replacement): ``(B, C, H, W)``, ``(B,)``."""
+        x, y = self.split(split)
+        index = torch.randint(len(x), (batch_size,), generator=generator)
+        return x[index], y[index]
+
+
+def load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's bundled 8x8 digits (1,797 images, values 0-16): ``(N, 8, 8)``, ``(N,)``.
+
+    Raises:
+        ImportError: without scikit-learn (``pip install scikit-learn``).
+    """
+    from sklearn.datasets import load_digits as sk_load_digits
+
+    bunch = sk_load_digits()
+    return np.asarray(bunch.images), np.asarray(bunch.target)
+
+
+__all__ = [
+    "TINY_SHAKESPEARE_URL",
+    "ArrayImageDataset",
+    "Split",
+    "TokenStream",
+    "data_dir",
+    "load_digits",
+    "load_text",
+]

@@ -1,0 +1,123 @@
+"""Optimizer parameter groups, and the optimizer and scheduler a :class:`TrainConfig` asks for.
+
+Weight decay (decoupled, AdamW) shrinks weights toward 0. It is meant for the matrices of the
+linear maps; decaying a norm's gain pulls it toward 0 instead of its natural 1, decaying a bias
+has no regularising purpose, and decaying embedding rows penalises rare tokens that are seldom
+updated. So by default only parameters with two or more dimensions that are not embeddings are
+decayed; ``decay_norms_and_biases`` / ``decay_embeddings`` opt in.
+
+Embeddings are recognised by module type (``nn.Embedding``, :class:`TokenEmbedding`,
+:class:`LearnedPositionalEmbedding`) and by the ``cls_token`` parameter name (ViT). Tied weights
+(the LM head sharing the token embedding, §3.4) appear once, under their first name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
+
+from attnlab.layers.embedding import TokenEmbedding
+from attnlab.layers.norm import LayerNorm, RMSNorm
+from attnlab.layers.positional import LearnedPositionalEmbedding
+from attnlab.training.config import TrainConfig
+from attnlab.training.schedules import lambda_lr, make_schedule
+
+_EMBEDDINGS = (nn.Embedding, TokenEmbedding, LearnedPositionalEmbedding)
+_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, LayerNorm, RMSNorm)
+_EMBEDDING_NAMES = ("cls_token",)
+
+
+def classify_parameters(model: nn.Module) -> dict[str, str]:
+    """Each trainable parameter's kind: ``"weight"``, ``"bias"``, ``"norm"`` or ``"embedding"``.
+
+    Keys are the names of :meth:`nn.Module.named_parameters` (shared tensors once).
+    """
+    kinds: dict[str, str] = {}
+    seen: set[int] = set()
+    for module_name, module in model.named_modules():
+        for pname, p in module.named_parameters(recurse=False):
+            if id(p) in seen or not p.requires_grad:
+                continue
+            seen.add(id(p))
+            name = f"{module_name}.{pname}" if module_name else pname
+            if isinstance(module, _EMBEDDINGS) or pname in _EMBEDDING_NAMES:
+                kinds[name] = "embedding"
+            elif isinstance(module, _NORMS):
+                kinds[name] = "norm"
+            elif p.ndim < 2:
+                kinds[name] = "bias"
+            else:
+                kinds[name] = "weight"
+    return kinds
+
+
+def parameter_groups(
+    model: nn.Module,
+    weight_decay: float,
+    *,
+    decay_norms_and_biases: bool = False,
+    decay_embeddings: bool = False,
+) -> list[dict[str, Any]]:
+    """Two optimizer groups: ``{"params": decayed, "weight_decay": weight_decay}`` and
+    ``{"params": the rest, "weight_decay": 0.0}`` (empty groups are dropped).
+
+    Raises:
+        ValueError: for a negative ``weight_decay``.
+    """
+    if weight_decay < 0:
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+    params = dict(model.named_parameters())
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for name, kind in classify_parameters(model).items():
+        decayed = (
+            kind == "weight"
+            or (kind in ("norm", "bias") and decay_norms_and_biases)
+            or (kind == "embedding" and decay_embeddings)
+        )
+        (decay if decayed else no_decay).append(params[name])
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(model: nn.Module, config: TrainConfig) -> Optimizer:
+    """The optimizer of ``config`` over :func:`parameter_groups` of ``model``.
+
+    ``adam`` applies weight decay as L2 in the gradient (torch's Adam); ``adamw`` decouples it.
+    """
+    groups = parameter_groups(
+        model,
+        config.weight_decay,
+        decay_norms_and_biases=config.decay_norms_and_biases,
+        decay_embeddings=config.decay_embeddings,
+    )
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=config.lr, momentum=config.betas[0])
+    cls = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
+    return cls(groups, lr=config.lr, betas=config.betas, eps=config.adam_eps, foreach=False)
+
+
+def build_scheduler(optimizer: Optimizer, config: TrainConfig, *, d_model: int) -> LambdaLR:
+    """The ``LambdaLR`` of ``config.schedule`` (:mod:`attnlab.training.schedules`).
+
+    ``noam`` needs the model width ``d_model`` (eq. (3)); its values multiply ``config.lr``.
+    """
+    if config.schedule == "noam":
+        schedule = make_schedule("noam", d_model=d_model, warmup=config.warmup)
+    elif config.schedule == "cosine":
+        schedule = make_schedule(
+            "cosine", warmup=config.warmup, total_steps=config.steps, min_ratio=config.min_lr_ratio
+        )
+    else:
+        schedule = make_schedule("constant", warmup=config.warmup)
+    return lambda_lr(optimizer, schedule)
+
+
+__all__ = ["build_optimizer", "build_scheduler", "classify_parameters", "parameter_groups"]

@@ -1,0 +1,273 @@
+"""The trainer: accumulation, clipping, schedules, evaluation, early stopping, checkpoints, resume.
+
+One update (a *step*) draws ``grad_accum`` micro-batches, normalises their summed losses by the
+total number of loss terms (so k micro-batches equal one k-times batch exactly), clips the
+global gradient norm, steps the optimizer and the schedule. Evaluation runs every
+``eval_every`` steps on the same fixed validation batches; with ``early_stopping`` the run stops
+after that many evaluations without a new best.
+
+Determinism on CPU: the data generator (the data position) and torch's global RNG (dropout) are
+seeded from ``config.seed``; a checkpoint stores both, plus the optimizer and scheduler states,
+so ``fit(resume=True)`` continues bitwise as the uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from attnlab.training.config import TrainConfig
+from attnlab.training.metrics import MetricsLogger
+from attnlab.training.objectives import Objective
+from attnlab.training.optim import build_optimizer, build_scheduler
+from attnlab.training.state import (
+    latest_checkpoint,
+    load_training_state,
+    rng_state,
+    save_training_checkpoint,
+    set_rng_state,
+)
+
+EVAL_SEED_OFFSET = 1_000_003  # validation batches use their own fixed generator
+
+
+@dataclass
+class FitResult:
+    """What :meth:`Trainer.fit` did."""
+
+    step: int  # optimizer updates done in total (resumed ones included)
+    losses: list[float] = field(default_factory=list)  # train loss per step of this call
+    evals: list[dict[str, float]] = field(default_factory=list)  # this call's evaluations
+    best_val_loss: float = math.inf
+    stopped_early: bool = False
+    seconds: float = 0.0
+    checkpoint: Path | None = None
+
+
+class Trainer:
+    """Train ``model`` on ``objective`` with ``config``.
+
+    Args:
+        model: any module the objective knows how to call; build it under your seed.
+        objective: :class:`~attnlab.training.objectives.Objective` (batches + summed loss).
+        config: the :class:`TrainConfig`.
+        run_dir: where ``metrics.jsonl`` and checkpoints go; ``None`` writes nothing.
+        d_model: the width the Noam schedule needs (default ``model.config.d_model``).
+        extra_config: JSON-ready extras stored next to the config (recipe, model config, ...).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        objective: Objective,
+        config: TrainConfig,
+        *,
+        run_dir: str | os.PathLike[str] | None = None,
+        d_model: int | None = None,
+        extra_config: dict[str, Any] | None = None,
+    ) -> None:
+        self.model, self.objective, self.config = model, objective, config
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.extra_config = dict(extra_config or {})
+        if d_model is None:
+            d_model = getattr(getattr(model, "config", None), "d_model", None)
+        if config.schedule == "noam" and d_model is None:
+            raise ValueError("schedule='noam' needs d_model (the model has no config.d_model)")
+        self.optimizer = build_optimizer(model, config)
+        self.scheduler = build_scheduler(self.optimizer, config, d_model=d_model or 1)
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.step = 0
+        self.best_val_loss = math.inf
+        self.evals_since_best = 0
+
+    # -- one update ------------------------------------------------------------------------
+
+    def train_step(self) -> tuple[float, int, float]:
+        """One optimizer update; returns ``(loss, tokens, grad norm before clipping)``."""
+        c = self.config
+        self.model.train()
+        micro = [
+            self.objective.batch("train", c.batch_size, self.generator) for _ in range(c.grad_accum)
+        ]
+        total = sum(self.objective.count(b) for b in micro)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_value = 0.0
+        for batch in micro:
+            terms = self.objective.loss(self.model, batch, label_smoothing=c.label_smoothing)
+            loss = terms.loss_sum / max(total, 1)
+            loss.backward()
+            loss_value += loss.item()
+        grad_norm = clip_gradients(self.model, c.clip_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        return loss_value, sum(self.objective.n_tokens(b) for b in micro), grad_norm
+
+    @torch.no_grad()
+    def evaluate(self, n_batches: int | None = None) -> dict[str, float]:
+        """Mean validation loss (no label smoothing) and accuracy over fixed batches."""
+        c = self.config
+        was_training = self.model.training
+        self.model.eval()
+        generator = torch.Generator().manual_seed(c.seed + EVAL_SEED_OFFSET)
+        loss_sum, count, correct = 0.0, 0, 0
+        for _ in range(n_batches or c.eval_batches):
+            batch = self.objective.batch("val", c.batch_size, generator)
+            terms = self.objective.loss(self.model, batch, label_smoothing=0.0)
+            loss_sum += float(terms.loss_sum)
+            count += terms.count
+            correct += terms.correct
+        self.model.train(was_training)
+        return {"val_loss": loss_sum / max(count, 1), "val_accuracy": correct / max(count, 1)}
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_state(self.generator),
+            "best_val_loss": self.best_val_loss,
+            "evals_since_best": self.evals_since_best,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"], self.generator)
+        self.best_val_loss = float(state["best_val_loss"])
+        self.evals_since_best = int(state["evals_since_best"])
+
+    def save(self) -> Path:
+        """Write a checkpoint of the current step to ``run_dir``.
+
+        Raises:
+            ValueError: without a ``run_dir``.
+        """
+        if self.run_dir is None:
+            raise ValueError("Trainer was built without run_dir; nowhere to save")
+        return save_training_checkpoint(
+            self.run_dir, self.model, self.state_dict(), keep=self.config.keep_checkpoints
+        )
+
+    def resume(self) -> bool:
+        """Load the newest checkpoint of ``run_dir`` if there is one; returns whether it did."""
+        found = latest_checkpoint(self.run_dir) if self.run_dir is not None else None
+        if found is None:
+            return False
+        self.load_state_dict(load_training_state(found, self.model))
+        return True
+
+    def _write_config(self) -> None:
+        assert self.run_dir is not None
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        data = {"train": self.config.to_dict(), **self.extra_config}
+        (self.run_dir / "train_config.json").write_text(json.dumps(data, indent=2) + "\n")
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def fit(self, *, resume: bool = False, until: int | None = None) -> FitResult:
+        """Train to ``config.steps`` (or to step ``until``, checkpointing there: an interrupted
+        run), evaluating, logging and checkpointing on the way.
+
+        Args:
+            resume: first load the newest checkpoint of ``run_dir`` (no checkpoint: start fresh).
+        """
+        c = self.config
+        if self.step == 0:  # a fresh run; a resumed or continued one keeps its RNG state
+            torch.manual_seed(c.seed)
+        was_deterministic = torch.are_deterministic_algorithms_enabled()
+        warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+        if c.deterministic:  # restored when fit returns
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        resumed = resume and self.resume()
+        log = None
+        if self.run_dir is not None:
+            self._write_config()
+            log = MetricsLogger(
+                self.run_dir, tensorboard=c.tensorboard, resume_step=self.step if resumed else None
+            )
+        end = min(c.steps, until) if until is not None else c.steps
+        deadline = None if c.max_minutes is None else time.monotonic() + 60 * c.max_minutes
+        result = FitResult(step=self.step)
+        start = last_log = time.monotonic()
+        tokens_since_log, saved_step = 0, -1
+        bar = tqdm(total=end, initial=self.step, desc="train", unit="step", disable=not c.progress)
+        try:
+            while self.step < end:
+                lr = self.optimizer.param_groups[0]["lr"]
+                loss, tokens, grad_norm = self.train_step()
+                result.losses.append(loss)
+                tokens_since_log += tokens
+                bar.update(1)
+                if self.step % c.log_every == 0 or self.step == end:
+                    now = time.monotonic()
+                    tok_s = tokens_since_log / max(now - last_log, 1e-9)
+                    last_log, tokens_since_log = now, 0
+                    bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:.0f}")
+                    if log is not None:
+                        log.log({"step": self.step, "train_loss": loss, "lr": lr,
+                                 "grad_norm": grad_norm, "tokens_per_s": tok_s,
+                                 "elapsed_s": now - start})  # fmt: skip
+                timed_out = deadline is not None and time.monotonic() > deadline
+                eval_now = (c.eval_every and self.step % c.eval_every == 0) or self.step == c.steps
+                if eval_now and self._evaluate(result, log):
+                    result.stopped_early = True
+                if (
+                    self.run_dir is not None
+                    and c.checkpoint_every
+                    and self.step % c.checkpoint_every == 0
+                ):
+                    result.checkpoint, saved_step = self.save(), self.step
+                if result.stopped_early or timed_out:
+                    result.stopped_early = True
+                    break
+        finally:
+            bar.close()
+            if log is not None:
+                log.close()
+            torch.use_deterministic_algorithms(was_deterministic, warn_only=warn_only)
+        if self.run_dir is not None and saved_step != self.step:
+            result.checkpoint = self.save()
+        result.step, result.best_val_loss = self.step, self.best_val_loss
+        result.seconds = time.monotonic() - start
+        return result
+
+    def _evaluate(self, result: FitResult, log: MetricsLogger | None) -> bool:
+        """Evaluate, log, track the best; returns whether early stopping triggers."""
+        metrics = self.evaluate()
+        result.evals.append({"step": self.step, **metrics})
+        if log is not None:
+            log.log({"step": self.step, **metrics})
+        if metrics["val_loss"] < self.best_val_loss:
+            self.best_val_loss, self.evals_since_best = metrics["val_loss"], 0
+        else:
+            self.evals_since_best += 1
+        patience = self.config.early_stopping
+        return patience is not None and self.evals_since_best >= patience
+
+
+def clip_gradients(model: nn.Module, max_norm: float | None) -> float:
+    """The global L2 norm of ``model``'s gradients, scaled down to ``max_norm`` when larger
+    (``None``: measured only)."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return 0.0
+    if max_norm is None:
+        norms = torch.stack([p.grad.detach().norm(2) for p in params])  # type: ignore[union-attr]
+        return float(norms.norm(2))
+    return float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=False))
+
+
+__all__ = ["FitResult", "Trainer", "clip_gradients"]

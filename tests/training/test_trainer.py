@@ -1,0 +1,132 @@
+"""The trainer: config validation, optimizer groups, accumulation == a larger batch, clipping,
+evaluation/early stopping, metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab.models import GPT, GPTConfig
+from attnlab.training import TrainConfig as FoundationTrainConfig
+from attnlab.training.config import TrainConfig
+from attnlab.training.data import TokenStream
+from attnlab.training.objectives import CausalLMObjective
+from attnlab.training.optim import classify_parameters, parameter_groups
+from attnlab.training.trainer import Trainer, clip_gradients
+
+TINY = GPTConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=1, d_ff=32, max_seq_len=8,
+                 dropout=0.0, eos_id=None)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """Tiny models run fastest single-threaded (and the test machine is shared)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _setup(seed: int = 0, **overrides: object) -> tuple[GPT, CausalLMObjective, TrainConfig]:
+    torch.manual_seed(seed)
+    model = GPT(TINY)
+    stream = TokenStream(torch.randint(11, (2000,), generator=torch.Generator().manual_seed(1)))
+    config = TrainConfig(**{  # type: ignore[arg-type]
+        "steps": 6, "batch_size": 4, "schedule": "cosine", "warmup": 2, "lr": 1e-2,
+        "optimizer": "adamw", "betas": (0.9, 0.99), "adam_eps": 1e-8, "label_smoothing": 0.0,
+        "progress": False, "eval_batches": 2, **overrides,
+    })  # fmt: skip
+    return model, CausalLMObjective(stream, block_size=8), config
+
+
+def test_config_rejects_unknown_keys_and_bad_values() -> None:
+    with pytest.raises(ValueError, match="unknown TrainConfig keys \\['bogus'\\]"):
+        TrainConfig.from_dict({"steps": 3, "bogus": 1})
+    assert TrainConfig.from_dict(TrainConfig(steps=3).to_dict()) == TrainConfig(steps=3)
+    for bad in ({"steps": 0}, {"schedule": "linear"}, {"optimizer": "lion"},
+                {"label_smoothing": 1.0}, {"betas": (0.9, 1.0)}, {"weight_decay": -1.0},
+                {"schedule": "cosine", "warmup": 10, "steps": 10}):  # fmt: skip
+        with pytest.raises(ValueError):
+            TrainConfig(**bad)  # type: ignore[arg-type]
+    assert FoundationTrainConfig is not None
+
+
+def test_no_weight_decay_on_biases_norms_and_embeddings() -> None:
+    model = GPT(TINY)
+    kinds = classify_parameters(model)
+    assert kinds["tok_embed.weight"] == "embedding"
+    assert kinds["pos_encoding.weight"] == "embedding"
+    assert "lm_head.weight" not in kinds  # tied to tok_embed: listed once
+    assert kinds["final_norm.weight"] == "norm"
+    assert any(k == "bias" for k in kinds.values()) and any(k == "weight" for k in kinds.values())
+    decay, no_decay = parameter_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim == 2 for p in decay["params"])
+    assert model.tok_embed.weight in no_decay["params"]
+    (everything,) = parameter_groups(model, 0.1, decay_norms_and_biases=True,
+                                     decay_embeddings=True)  # fmt: skip
+    assert len(everything["params"]) == len(list(model.parameters()))
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_accumulating_k_micro_batches_equals_one_k_times_batch(k: int) -> None:
+    grads = []
+    for batch_size, accum in ((2 * k, 1), (2, k)):
+        model, objective, config = _setup(batch_size=batch_size, grad_accum=accum)
+        trainer = Trainer(model, objective, config)
+        trainer.train_step()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for big, accumulated in zip(*grads, strict=True):
+        torch.testing.assert_close(accumulated, big, atol=1e-6, rtol=0)
+
+
+def test_clipping_bounds_the_gradient_norm() -> None:
+    model = torch.nn.Linear(4, 3)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 10.0)
+    before = clip_gradients(model, 1.0)
+    assert before == pytest.approx(10.0 * (15**0.5), rel=1e-6)
+    after = torch.cat([p.grad.flatten() for p in model.parameters()]).norm()  # type: ignore[union-attr]
+    assert after <= 1.0 + 1e-6
+    assert clip_gradients(model, None) == pytest.approx(float(after), rel=1e-6)
+
+
+def test_fit_logs_metrics_and_evaluates(tmp_path: Path) -> None:
+    model, objective, config = _setup(eval_every=3, log_every=2)
+    result = Trainer(model, objective, config, run_dir=tmp_path).fit()
+    assert result.step == 6 and len(result.losses) == 6
+    assert [e["step"] for e in result.evals] == [3, 6]
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in lines if "train_loss" in r]
+    assert [r["step"] for r in train] == [2, 4, 6]
+    assert {"lr", "tokens_per_s"} <= set(train[0])
+    assert [r["step"] for r in lines if "val_loss" in r] == [3, 6]
+    assert json.loads((tmp_path / "train_config.json").read_text())["train"]["steps"] == 6
+
+
+def test_early_stopping_stops_after_patience_evaluations() -> None:
+    model, objective, config = _setup(steps=50, eval_every=1, early_stopping=1, lr=5.0,
+                                      schedule="constant", warmup=0)  # fmt: skip
+    result = Trainer(model, objective, config).fit()
+    assert result.stopped_early and result.step < 50
+
+
+def test_training_is_seeded() -> None:
+    runs = [Trainer(*_setup()).fit().losses for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_tensorboard_is_optional(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    model, objective, config = _setup(steps=3, tensorboard=True)
+    Trainer(model, objective, config, run_dir=tmp_path).fit()
+    assert (tmp_path / "metrics.jsonl").read_text()
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        assert "needs the tensorboard package" in caplog.text
+    else:
+        assert (tmp_path / "tb").is_dir()
