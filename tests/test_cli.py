@@ -77,3 +77,22 @@ def test_subcommands() -> None:
         with pytest.raises(SystemExit) as exc:
             parser.parse_args([command, "--help"])
         assert exc.value.code == 0
+
+
+def test_every_command_is_wired() -> None:
+    """The top-level parser offers each command the README lists."""
+    from attnlab.cli import build_parser
+
+    parser = build_parser()
+    for argv in (
+        ["train", "reverse", "--help"],
+        ["generate", "--help"],
+        ["analyze", "--help"],
+        ["viz", "--help"],
+        ["bench", "attention", "--help"],
+        ["sample", "--help"],
+        ["evaluate", "--help"],
+    ):
+        with pytest.raises(SystemExit) as exc:
+            parser.parse_args(argv)
+        assert exc.value.code == 0, argv

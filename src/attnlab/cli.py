@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from attnlab.analysis.attention_bench import add_bench_subparser
 from attnlab.analysis.cli import add_analyze_subparser
 from attnlab.generation.cli import add_generate_subparser
 from attnlab.models import EncoderDecoderTransformer, TransformerConfig
@@ -115,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_evaluate_subparser(commands)
     add_viz_subparser(commands)
     add_analyze_subparser(commands)
+    add_bench_subparser(commands)
     return parser
 
 
