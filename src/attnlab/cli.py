@@ -25,7 +25,7 @@ from attnlab.generation.cli import add_generate_subparser
 from attnlab.models import EncoderDecoderTransformer, TransformerConfig
 from attnlab.training import (
     ReverseTask,
-    TrainConfig,
+    LoopConfig,
     evaluate_exact_match,
     save_checkpoint,
     train,
@@ -133,7 +133,7 @@ def _train_reverse(args: argparse.Namespace) -> int:
             dropout=args.dropout,
             max_seq_len=task.seq_len,
         )
-        train_config = TrainConfig(
+        train_config = LoopConfig(
             steps=args.steps,
             warmup=args.warmup,
             lr_factor=args.lr_factor,

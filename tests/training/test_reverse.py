@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnlab.models import EncoderDecoderTransformer, TransformerConfig
-from attnlab.training import ReverseTask, Seq2SeqBatch, TrainConfig, evaluate_exact_match, train
+from attnlab.training import LoopConfig, ReverseTask, Seq2SeqBatch, evaluate_exact_match, train
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -87,7 +87,7 @@ def test_tiny_model_learns_to_reverse() -> None:
     result = train(
         model,
         task.batches(64, seed=0),
-        TrainConfig(steps=300, warmup=50, lr_factor=0.3, betas=(0.9, 0.999), progress=False),
+        LoopConfig(steps=300, warmup=50, lr_factor=0.3, betas=(0.9, 0.999), progress=False),
     )
     assert result.steps == 300 and not result.stopped_early
     assert result.losses[-1] < result.losses[0] / 4
@@ -101,17 +101,17 @@ def test_train_stops_when_batches_run_out_or_time_is_up() -> None:
     model = EncoderDecoderTransformer(
         TransformerConfig(vocab_size=8, d_model=8, n_heads=2, n_layers=1, d_ff=8)
     )
-    config = TrainConfig(steps=10, warmup=5, progress=False)
+    config = LoopConfig(steps=10, warmup=5, progress=False)
     result = train(model, task.batches(4, seed=0, n_batches=3), config)
     assert result.steps == 3 and result.stopped_early
-    timed = TrainConfig(steps=10_000, warmup=5, progress=False, max_minutes=1e-9)
+    timed = LoopConfig(steps=10_000, warmup=5, progress=False, max_minutes=1e-9)
     assert train(model, task.batches(4, seed=0), timed).stopped_early
 
 
 def test_train_config_validation() -> None:
     with pytest.raises(ValueError, match="steps must be positive"):
-        TrainConfig(steps=0)
+        LoopConfig(steps=0)
     with pytest.raises(ValueError, match="label_smoothing"):
-        TrainConfig(label_smoothing=1.0)
+        LoopConfig(label_smoothing=1.0)
     with pytest.raises(ValueError, match="beta2"):
-        TrainConfig(betas=(0.9, 1.0))
+        LoopConfig(betas=(0.9, 1.0))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attnlab.models import GPT, GPTConfig
-from attnlab.training import TrainConfig as FoundationTrainConfig
+from attnlab.training import TrainConfig as PublicTrainConfig
 from attnlab.training.config import TrainConfig
 from attnlab.training.data import TokenStream
 from attnlab.training.objectives import CausalLMObjective
@@ -52,7 +52,7 @@ def test_config_rejects_unknown_keys_and_bad_values() -> None:
                 {"schedule": "cosine", "warmup": 10, "steps": 10}):  # fmt: skip
         with pytest.raises(ValueError):
             TrainConfig(**bad)  # type: ignore[arg-type]
-    assert FoundationTrainConfig is not None
+    assert PublicTrainConfig is TrainConfig
 
 
 def test_no_weight_decay_on_biases_norms_and_embeddings() -> None:

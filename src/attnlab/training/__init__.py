@@ -1,16 +1,15 @@
 """Training: synthetic tasks, learning-rate schedules (§5.3), label smoothing (§5.4), a minimal
 loop with exact-match evaluation, and atomic safetensors checkpoints; and the full trainer
-(:class:`Trainer` with :class:`attnlab.training.config.TrainConfig`: optimizer groups,
-accumulation, clipping, evaluation, early stopping, resumable checkpoints, metrics), data and
-tokenizers, and the recipes behind ``attnlab train <recipe>``.
-
-``TrainConfig`` here is still the minimal loop's (:func:`train`, the reverse task); the trainer's
-is ``attnlab.training.config.TrainConfig``.
+(:class:`Trainer` with :class:`TrainConfig`: optimizer groups, accumulation, clipping,
+evaluation, early stopping, resumable checkpoints, metrics), data and tokenizers, and the recipes
+behind ``attnlab train <recipe>``. The foundation's minimal loop (:func:`train`, configured by
+:class:`LoopConfig`) drives ``attnlab train reverse``.
 """
 
 from attnlab.training.checkpoint import load_checkpoint, load_config, save_checkpoint
+from attnlab.training.config import TrainConfig
 from attnlab.training.data import ArrayImageDataset, TokenStream, load_digits, load_text
-from attnlab.training.loop import TrainConfig, TrainResult, evaluate_exact_match, train
+from attnlab.training.loop import LoopConfig, TrainResult, evaluate_exact_match, train
 from attnlab.training.losses import label_smoothed_cross_entropy
 from attnlab.training.metrics import MetricsLogger
 from attnlab.training.objectives import (
@@ -47,6 +46,7 @@ __all__ = [
     "CharTokenizer",
     "ClassificationObjective",
     "FitResult",
+    "LoopConfig",
     "MaskedLMObjective",
     "MetricsLogger",
     "Objective",

@@ -30,7 +30,7 @@ from attnlab.training.tasks import Seq2SeqBatch
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainConfig:
+class LoopConfig:
     """Optimisation settings of :func:`train` (defaults: the paper's where it gives them)."""
 
     steps: int = 1000
@@ -71,7 +71,7 @@ class TrainResult:
 
 
 def train(
-    model: EncoderDecoderTransformer, batches: Iterable[Seq2SeqBatch], config: TrainConfig
+    model: EncoderDecoderTransformer, batches: Iterable[Seq2SeqBatch], config: LoopConfig
 ) -> TrainResult:
     """Train ``model`` in place on ``batches`` for ``config.steps`` updates.
 
@@ -151,4 +151,4 @@ def evaluate_exact_match(
     return correct / total
 
 
-__all__ = ["TrainConfig", "TrainResult", "evaluate_exact_match", "train"]
+__all__ = ["LoopConfig", "TrainResult", "evaluate_exact_match", "train"]
