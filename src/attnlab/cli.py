@@ -14,6 +14,7 @@ these. Each subcommand sets ``func(args) -> exit status``. Only CLI modules prin
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections.abc import Callable, Sequence
 
@@ -24,8 +25,8 @@ from attnlab.analysis.cli import add_analyze_subparser
 from attnlab.generation.cli import add_generate_subparser
 from attnlab.models import EncoderDecoderTransformer, TransformerConfig
 from attnlab.training import (
-    ReverseTask,
     LoopConfig,
+    ReverseTask,
     evaluate_exact_match,
     save_checkpoint,
     train,
@@ -101,6 +102,40 @@ def _add_reverse_parser(tasks: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_train_reverse, parser=p)
 
 
+def _add_embed_parser(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "embed",
+        help="sentence embeddings from a BERT-family checkpoint",
+        description=(
+            "Mean-pooled (over the attention mask), L2-normalised sentence embeddings, as the "
+            "all-MiniLM-L6-v2 model card prescribes; prints the cosine similarity matrix, or the "
+            "vectors with --json."
+        ),
+    )
+    p.add_argument("model", help="checkpoint directory (Hugging Face or attnlab) + tokenizer.json")
+    p.add_argument("--text", action="append", required=True, help="a sentence (repeatable)")
+    p.add_argument("--json", action="store_true", help="print the embeddings as JSON")
+    p.set_defaults(func=_embed, parser=p)
+
+
+def _embed(args: argparse.Namespace) -> int:
+    from attnlab.sentence import embed
+
+    try:
+        vectors = embed(list(args.text), args.model)
+    except (ValueError, TypeError, OSError) as e:
+        args.parser.error(str(e))
+    if args.json:
+        print(json.dumps({"texts": args.text, "embeddings": vectors.tolist()}))
+        return 0
+    print(f"{len(args.text)} sentences, {vectors.shape[-1]}-dimensional embeddings; cosine:")
+    cos = vectors @ vectors.T
+    for i, text in enumerate(args.text):
+        row = " ".join(f"{float(c):6.3f}" for c in cos[i])
+        print(f"{row}  {text}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``attnlab`` argument parser (``train reverse``, ``generate``, ``viz``, ``analyze``)."""
     parser = argparse.ArgumentParser(
@@ -116,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_evaluate_subparser(commands)
     add_viz_subparser(commands)
     add_analyze_subparser(commands)
+    _add_embed_parser(commands)
     add_bench_subparser(commands)
     return parser
 
