@@ -234,7 +234,8 @@ def mlm_fill_sample(run: Any, *, seed: int = 0) -> str:
         predicted = run.model(inputs).logits.argmax(-1)  # (1, T)
     selected = targets[0] != -100
     tok = run.tokenizer
-    assert tok is not None, "text recipes always have a tokenizer"
+    if tok is None:
+        raise ValueError(f"recipe {run.recipe!r} has no tokenizer; masked samples need text")
     shown = "".join(
         "_" if s else tok.decode([int(i)]) for i, s in zip(inputs[0], selected, strict=True)
     )

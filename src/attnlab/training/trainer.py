@@ -170,7 +170,8 @@ class Trainer:
         return True
 
     def _write_config(self) -> None:
-        assert self.run_dir is not None
+        if self.run_dir is None:
+            raise ValueError("the trainer has no run directory to write its config to")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         data = {"train": self.config.to_dict(), **self.extra_config}
         (self.run_dir / "train_config.json").write_text(json.dumps(data, indent=2) + "\n")
