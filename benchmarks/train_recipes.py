@@ -86,7 +86,9 @@ def run_row(row: str, extra: dict[str, Any]) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     if recipe == "digits":
-        record["test_accuracy"] = round(classification_accuracy(prepared.model, prepared.data), 4)
+        record["test_accuracy"] = round(
+            classification_accuracy(prepared.model, prepared.data, "test"), 4
+        )
     if recipe == "shakespeare-mlm":
         prepared.model.eval()
         record["sample"] = mlm_fill_sample(prepared)

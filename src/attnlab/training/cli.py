@@ -220,7 +220,9 @@ def run_evaluate(args: argparse.Namespace) -> int:
     print(f"{run.recipe} ({run.extra['checkpoint']}):")
     print(f"val loss {metrics['val_loss']:.4f}, val accuracy {metrics['val_accuracy']:.2%}")
     if run.recipe == "digits":
-        print(f"test accuracy (whole split): {classification_accuracy(run.model, run.data):.2%}")
+        for split in ("val", "test"):
+            accuracy = classification_accuracy(run.model, run.data, split)
+            print(f"{split} accuracy (whole split): {accuracy:.2%}")
     if run.recipe == "shakespeare-mlm":
         print(mlm_fill_sample(run))
     return 0

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-Split = Literal["train", "val"]
+Split = Literal["train", "val", "test"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,17 +129,24 @@ class TokenStream:
 
 
 class ArrayImageDataset:
-    """Images and integer labels held in memory, split once into train/test by a seeded shuffle.
+    """Images and integer labels held in memory, split once by a seeded shuffle.
+
+    The first ``test_fraction`` of a seeded permutation is the held-out ``"test"`` split; with
+    ``val_fraction > 0`` the next ``val_fraction`` of what remains is the ``"val"`` split
+    (evaluated during training, used to choose hyperparameters) and the rest is ``"train"``. With
+    ``val_fraction == 0`` there is no separate validation split: ``"val"`` and ``"test"`` are the
+    same held-out images (the behaviour before the split was added).
 
     Args:
         images: ``(N, C, H, W)`` (or ``(N, H, W)``, given one channel), any real dtype.
         labels: ``(N,)`` class ids in ``[0, n_classes)``.
-        test_fraction: fraction held out as the ``"val"`` (test) split.
+        test_fraction: fraction of all images held out as the ``"test"`` split, in (0, 1).
+        val_fraction: fraction of the remaining images held out as ``"val"``, in [0, 1).
         seed: seeds the split.
         normalize: scale each image channel to zero mean, unit variance using train statistics.
 
     Raises:
-        ValueError: for mismatched lengths, a bad rank, or a fraction outside (0, 1).
+        ValueError: for mismatched lengths, a bad rank, or a fraction out of range.
     """
 
     def __init__(
@@ -148,6 +155,7 @@ class ArrayImageDataset:
         labels: Tensor | np.ndarray,
         *,
         test_fraction: float = 0.2,
+        val_fraction: float = 0.0,
         seed: int = 0,
         normalize: bool = True,
     ) -> None:
@@ -161,9 +169,18 @@ class ArrayImageDataset:
             )
         if not 0.0 < test_fraction < 1.0:
             raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
         order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
         n_test = max(1, round(len(x) * test_fraction))
-        test, train = order[:n_test], order[n_test:]
+        test, rest = order[:n_test], order[n_test:]
+        n_val = round(len(rest) * val_fraction) if val_fraction > 0 else 0
+        if val_fraction > 0 and not 0 < n_val < len(rest):
+            raise ValueError(
+                f"val_fraction={val_fraction} leaves no validation or no training images "
+                f"out of {len(rest)}"
+            )
+        val, train = (rest[:n_val], rest[n_val:]) if n_val else (test, rest)
         if normalize:
             mean = x[train].mean(dim=(0, 2, 3), keepdim=True)  # (1, C, 1, 1)
             std = x[train].std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
@@ -171,7 +188,8 @@ class ArrayImageDataset:
         self.n_classes = int(y.max()) + 1
         self.splits: dict[str, tuple[Tensor, Tensor]] = {
             "train": (x[train], y[train]),
-            "val": (x[test], y[test]),
+            "val": (x[val], y[val]),
+            "test": (x[test], y[test]),
         }
 
     @property
@@ -181,7 +199,7 @@ class ArrayImageDataset:
         return int(c), int(h), int(w)
 
     def split(self, split: Split) -> tuple[Tensor, Tensor]:
-        """``(images, labels)`` of ``split`` (``"train"`` or ``"val"``, the test split)."""
+        """``(images, labels)`` of ``split`` (``"train"``, ``"val"`` or ``"test"``)."""
         if split not in self.splits:
             raise ValueError(f"split={split!r} is not valid; choose one of {list(self.splits)}")
         return self.splits[split]

@@ -101,7 +101,23 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> Optimizer:
     if config.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=config.lr, momentum=config.betas[0])
     cls = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
+    if _can_fuse(groups):  # one kernel over all tensors: several times faster on CPU
+        return cls(groups, lr=config.lr, betas=config.betas, eps=config.adam_eps, fused=True)
     return cls(groups, lr=config.lr, betas=config.betas, eps=config.adam_eps, foreach=False)
+
+
+def _can_fuse(groups: list[dict[str, Any]]) -> bool:
+    """Whether torch's fused Adam(W) kernel applies: plain float tensors on CPU or CUDA.
+
+    Sharded parameters (FSDP2's DTensors) and other tensor subclasses take the for-loop path.
+    """
+    params = [p for g in groups for p in g["params"]]
+    return bool(params) and all(
+        type(p) in (torch.Tensor, nn.Parameter)
+        and p.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+        and p.device.type in ("cpu", "cuda")
+        for p in params
+    )
 
 
 def build_scheduler(optimizer: Optimizer, config: TrainConfig, *, d_model: int) -> LambdaLR:

@@ -6,8 +6,9 @@
   SwiGLU (d_ff 346, the same parameter count) and RMSNorm, still pre-norm.
 - ``shakespeare-mlm``: a BERT masked LM on the same characters (plus [PAD], [CLS], [SEP],
   [MASK]), BERT's 15% / 80-10-10 masking rule; the metric is masked-token accuracy.
-- ``digits``: ViT on scikit-learn's 8x8 digits (2x2 patches), 20% held out; ``model=cnn``
-  trains the :class:`~attnlab.training.baselines.CNNClassifier` baseline with the same budget.
+- ``digits``: ViT on scikit-learn's 8x8 digits (2x2 patches): 20% held out as the test split
+  (scored once, at the end), 10% of the rest as the validation split that training evaluates and
+  hyperparameters are chosen on; ``model=cnn`` trains the :class:`~attnlab.training.baselines.CNNClassifier` baseline with the same budget.
 
 Every field of the recipe's :class:`RecipeOptions`, :class:`TrainConfig` and model config can be
 overridden by name (:func:`prepare`); unknown names are rejected. A run directory records
@@ -72,7 +73,9 @@ class RecipeOptions:
     arch: Literal["classic", "modern"] = "classic"  # modern: RoPE + SwiGLU + RMSNorm
     mask_prob: float = 0.15  # masked LM selection rate
     model: Literal["vit", "cnn"] = "vit"  # digits: ViT or the CNN baseline
-    test_fraction: float = 0.2  # digits held-out split
+    test_fraction: float = 0.2  # digits: held-out test split (reported once, at the end)
+    digits_val_fraction: float = 0.1  # digits: of the rest, the validation split (tuning)
+    split_seed: int = 1  # digits: seeds the test/val/train split
 
     def __post_init__(self) -> None:
         check_choice("tokenizer", self.tokenizer, ["char", "bpe"])
@@ -81,7 +84,8 @@ class RecipeOptions:
         check_positive(bpe_vocab_size=self.bpe_vocab_size)
         check_probability(mask_prob=self.mask_prob)
         for name, value in (("val_fraction", self.val_fraction),
-                            ("test_fraction", self.test_fraction)):  # fmt: skip
+                            ("test_fraction", self.test_fraction),
+                            ("digits_val_fraction", self.digits_val_fraction)):  # fmt: skip
             if not 0.0 < value < 1.0:
                 raise ValueError(f"{name} must be in (0, 1), got {value}")
 
@@ -184,7 +188,14 @@ def _mlm_objective(
 
 def _digits_data(options: RecipeOptions, tokenizer: Tokenizer | None) -> tuple[Any, None]:
     images, labels = load_digits()
-    return ArrayImageDataset(images, labels, test_fraction=options.test_fraction, seed=0), None
+    data = ArrayImageDataset(
+        images,
+        labels,
+        test_fraction=options.test_fraction,
+        val_fraction=options.digits_val_fraction,
+        seed=options.split_seed,
+    )
+    return data, None
 
 
 def _digits_config(options: RecipeOptions, data: Any) -> Any:
@@ -225,7 +236,7 @@ RECIPES: dict[str, Recipe] = {
         ),
         Recipe(
             "digits",
-            "ViT (or model=cnn, a CNN baseline) on scikit-learn's 8x8 digits, 20% held out",
+            "ViT (or model=cnn, a CNN baseline) on scikit-learn's 8x8 digits; 20% test, 10% val",
             TrainConfig(
                 steps=3000, batch_size=64, optimizer="adamw", lr=1e-3, betas=(0.9, 0.99),
                 adam_eps=1e-8, weight_decay=0.05, schedule="cosine", warmup=100,
