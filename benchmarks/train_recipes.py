@@ -11,8 +11,12 @@ Rows:
   val loss (20 val batches of 12, like nanoGPT's ``eval_iters=20`` estimate);
 - ``shakespeare-char-modern``: the same budget and parameter count with RoPE, SwiGLU, RMSNorm
   (pre-norm);
+- ``shakespeare-char-sliding32`` / ``shakespeare-char-linear``: the baby GPT with
+  sliding-window attention (32 keys per query, half the context) or linear attention, for issue
+  9's quality/speed table;
 - ``shakespeare-mlm``: masked-token accuracy on the validation split, with a filled-in sample;
-- ``digits`` / ``digits-cnn``: ViT and the CNN baseline, accuracy on the held-out 20%.
+- ``digits`` / ``digits-cnn``: ViT and the CNN baseline; val accuracy (the split used for tuning)
+  and test accuracy on the held-out 20%.
 
 Each row writes ``benchmarks/results/runs/<row>/`` (metrics.jsonl, checkpoints) and appends to
 ``benchmarks/results/train_recipes.json``; a Markdown table and a loss-curve plot of the
@@ -38,6 +42,12 @@ RUNS = RESULTS / "runs"
 ROWS: dict[str, tuple[str, dict[str, Any]]] = {
     "shakespeare-char": ("shakespeare-char", {}),
     "shakespeare-char-modern": ("shakespeare-char", {"arch": "modern"}),
+    # issue 9's quality/speed trade-off: the baby GPT with efficient attention backends
+    "shakespeare-char-sliding32": (
+        "shakespeare-char",
+        {"attn_backend": "sliding_window", "attn_window": 32},
+    ),
+    "shakespeare-char-linear": ("shakespeare-char", {"attn_backend": "linear"}),
     "shakespeare-mlm": ("shakespeare-mlm", {}),
     "digits": ("digits", {"model": "vit"}),
     "digits-cnn": ("digits", {"model": "cnn"}),

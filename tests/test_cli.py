@@ -41,7 +41,22 @@ def test_python_m_attnlab_train_reverse(tmp_path: Path) -> None:
 def test_in_process_run_prints_the_accuracy_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["train", "reverse", *TINY, "--steps", "5", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "reverse",
+                *TINY,
+                "--steps",
+                "8",
+                "--schedule",
+                "noam",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("held-out exact match: ") for line in lines)
     assert (tmp_path / "config.json").is_file()
@@ -56,6 +71,8 @@ def test_in_process_run_prints_the_accuracy_line(
         (["train", "reverse", "--d-model", "30", "--heads", "4"], "does not divide d_model=30"),
         (["train", "reverse", "--dropout", "1.5"], "dropout must be in [0, 1)"),
         (["train", "reverse", "--bogus"], "unrecognized arguments: --bogus"),
+        (["train", "reverse", "--schedule", "step"], "invalid choice: 'step'"),
+        (["train", "reverse", "--steps", "50", "--warmup", "100"], "needs steps > warmup"),
         (["train", "sort"], "invalid choice: 'sort'"),
         (["train"], "required: TASK"),
         ([], "required: COMMAND"),
@@ -73,7 +90,7 @@ def test_bad_flags_exit_2_with_a_message(
 def test_subcommands() -> None:
     parser = build_parser()
     args = parser.parse_args(["train", "reverse"])
-    assert (args.steps, args.batch_size, args.d_model, args.out) == (1200, 128, 64, "runs/reverse")
+    assert (args.steps, args.batch_size, args.d_model, args.out) == (1500, 128, 64, "runs/reverse")
     for command in ("generate", "viz", "analyze"):
         with pytest.raises(SystemExit) as exc:
             parser.parse_args([command, "--help"])

@@ -36,6 +36,7 @@ from attnlab.training.cli import (
     add_recipe_parsers,
     add_sample_subparser,
 )
+from attnlab.translation.cli import add_translate_parsers
 from attnlab.viz.cli import add_viz_subparser
 
 
@@ -83,10 +84,16 @@ def _add_reverse_parser(tasks: argparse._SubParsersAction) -> None:
     g.add_argument("--d-ff", type=positive_int, default=256, help="FFN inner size")
     g.add_argument("--dropout", type=nonnegative_float, default=0.0, help="dropout rate")
     g = p.add_argument_group("training")
-    g.add_argument("--steps", type=positive_int, default=1200, help="optimizer updates")
+    g.add_argument("--steps", type=positive_int, default=1500, help="optimizer updates")
     g.add_argument("--batch-size", type=positive_int, default=128, help="sequences per step")
     g.add_argument("--warmup", type=positive_int, default=100, help="Noam warmup steps (§5.3)")
-    g.add_argument("--lr-factor", type=positive_float, default=0.1, help="multiplies eq. (3)")
+    g.add_argument("--lr-factor", type=positive_float, default=0.16, help="multiplies eq. (3)")
+    g.add_argument(
+        "--schedule",
+        choices=["noam", "cosine"],
+        default="cosine",
+        help="eq. (3) throughout, or its warmup and peak then a cosine to 0 (no late loss spikes)",
+    )
     g.add_argument(
         "--beta2",
         type=nonnegative_float,
@@ -153,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_analyze_subparser(commands)
     _add_embed_parser(commands)
     add_bench_subparser(commands)
+    add_translate_parsers(tasks, commands)
     return parser
 
 
@@ -173,6 +181,7 @@ def _train_reverse(args: argparse.Namespace) -> int:
             steps=args.steps,
             warmup=args.warmup,
             lr_factor=args.lr_factor,
+            schedule=args.schedule,
             betas=(0.9, args.beta2),
             label_smoothing=args.label_smoothing,
             clip_grad_norm=args.clip,

@@ -9,13 +9,17 @@ so the two cannot drift. After changing a row or a message, regenerate the doc's
     ATTNLAB_UPDATE_DOCS=1 python -m pytest tests/hardening/test_validation_sweep.py
 
 Errors must name the bad value and what was expected; no row may be an ``AssertionError``.
-Checkpoint rows run in a scratch directory (relative paths, so messages are reproducible).
+Checkpoint, training and command-line rows run in a scratch directory (relative paths, so
+messages are reproducible). A command-line row runs ``attnlab ...`` in process and must exit with
+status 2 and an ``error:`` line (:class:`CLIExitError` carries both; the table shows ``exit 2``).
 """
 # ruff: noqa: E501  (the table keeps one row per line)
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import json
 import os
 import re
@@ -41,7 +45,11 @@ from attnlab import (
     viz,
 )
 from attnlab import analysis as an
+from attnlab import generation as G
 from attnlab import layers as L
+from attnlab import training as TR
+from attnlab.analysis import memory_check as mc
+from attnlab.cli import main as cli_main
 from attnlab.config import config_from_dict
 from attnlab.interop import load_tokenizer, save_hf
 from attnlab.layers.attention_linear import favor_projection
@@ -118,6 +126,57 @@ def mha(**kw: Any) -> L.MultiHeadAttention:
     return L.MultiHeadAttention(16, 4, **kw)
 
 
+class CLIExitError(Exception):
+    """A command line that exited with a non-zero status; the message is its ``error:`` line."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def cli(*argv: str, available: int | None = None) -> None:
+    """Run ``attnlab argv`` in process; raise :class:`CLIExitError` unless it succeeds.
+
+    ``available``: pretend this many bytes of RAM are free (the memory-check rows), so that the
+    message does not depend on the machine.
+    """
+    err = io.StringIO()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(contextlib.redirect_stderr(err))
+        stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+        if available is not None:
+            mp = stack.enter_context(pytest.MonkeyPatch.context())
+            mp.setattr(mc, "available_memory", lambda: (available, "MemAvailable"))
+        try:
+            code = cli_main(list(argv))
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+    lines = [x for x in err.getvalue().splitlines() if "error:" in x]
+    if code:
+        raise CLIExitError(code, lines[-1] if lines else err.getvalue().strip())
+
+
+def gen(**kw: Any) -> Any:
+    """``generate`` on the tiny GPT with a (1, 3) prompt, with overrides."""
+    args: dict[str, Any] = {"input_ids": ids(1, 3), "max_new_tokens": 2}
+    args.update(kw)
+    return G.generate(model("gpt"), args.pop("input_ids"), **args)
+
+
+def stream_of(n: int) -> TR.TokenStream:
+    return TR.TokenStream(torch.arange(n) % 7)
+
+
+def trainer(**kw: Any) -> TR.Trainer:
+    config = TR.TrainConfig(**{"schedule": "constant", "progress": False, **kw})
+    objective = TR.CausalLMObjective(stream_of(100), block_size=4)
+    return TR.Trainer(build_model(TINY_GPT), objective, config)
+
+
+SHAKESPEARE = ("train", "shakespeare-char", "--data=corpus.txt", "--runs-dir", "runs")
+HUGE = ("--d_model=65536", "--n_heads=512", "--n_layers=512", "--d_ff=262144")
+
+
 def lay_out_checkpoints(root: Path) -> None:
     """The bad checkpoint directories the ``from_pretrained`` rows load (relative to root)."""
     ck = root / "ckpt"
@@ -157,6 +216,15 @@ def lay_out_checkpoints(root: Path) -> None:
     (d / "model.safetensors.index.json").write_text(json.dumps(index))
     (root / "a_file").write_text("not a directory")
     (root / "metrics_dir").mkdir()
+    model("gpt").save_pretrained(ck / "a_gpt")
+    model("transformer").save_pretrained(ck / "a_transformer")
+    (root / "corpus.txt").write_text("To be, or not to be, that is the question.\n" * 20)
+    (root / "not_a_tokenizer.json").write_text('{"hello": 1}')
+    run = TR.prepare("shakespeare-char", {"data": "corpus.txt"})  # a run with the defaults
+    (root / "runs" / "old").mkdir(parents=True)
+    saved = {"train": run.train.to_dict(), **run.run_config()}  # killed before its 1st checkpoint
+    (root / "runs" / "old" / "train_config.json").write_text(json.dumps(saved))
+    (root / "runs" / "no_checkpoint").mkdir()
 
 
 # ---------------------------------------------------------------------------- the table
@@ -323,7 +391,7 @@ ROWS: list[Row] = [
     Row("checkpoints", "from_pretrained", "unknown key in an attnlab config", lambda: attnlab.from_pretrained("ckpt/bad_key"), ValueError),
     Row("checkpoints", "from_pretrained", "a string size in an attnlab config", lambda: attnlab.from_pretrained("ckpt/string_size"), TypeError),
     Row("checkpoints", "from_pretrained", "an attnlab config without weights", lambda: attnlab.from_pretrained("ckpt/no_weights"), FileNotFoundError),
-    Row("checkpoints", "from_pretrained", "attnlab weights of other shapes than the config", lambda: attnlab.from_pretrained("ckpt/mismatch"), RuntimeError),
+    Row("checkpoints", "from_pretrained", "attnlab weights of other shapes than the config", lambda: attnlab.from_pretrained("ckpt/mismatch"), attnlab.interop.CheckpointMismatchError),
     Row("checkpoints", "from_pretrained", "a Hugging Face config without weights", lambda: attnlab.from_pretrained("ckpt/hf_no_weights"), FileNotFoundError),
     Row("checkpoints", "from_pretrained", "a Hugging Face checkpoint missing a tensor", lambda: attnlab.from_pretrained("ckpt/hf_missing"), attnlab.interop.CheckpointMismatchError),
     Row("checkpoints", "from_pretrained", "an unsupported Hugging Face option", lambda: attnlab.from_pretrained("ckpt/hf_option"), attnlab.interop.UnsupportedCheckpointError),
@@ -381,6 +449,125 @@ ROWS: list[Row] = [
     Row("viz", "load_benchmark", "a missing file", lambda: viz.load_benchmark("no_such.json"), FileNotFoundError),
     Row("viz", "plot_curves", "no runs", lambda: viz.plot_curves([]), ValueError),
     Row("viz", "plot_benchmark", "rows without positive values", lambda: viz.plot_benchmark([{"n": 0, "time_s": 0}]), ValueError),
+    # -- training
+    Row("training", "TrainConfig", "steps = 0", lambda: TR.TrainConfig(steps=0), ValueError),
+    Row("training", "TrainConfig", "negative lr", lambda: TR.TrainConfig(lr=-1.0), ValueError),
+    Row("training", "TrainConfig", "unknown optimizer", lambda: TR.TrainConfig(optimizer="lion"), ValueError),  # type: ignore[arg-type]
+    Row("training", "TrainConfig", "unknown schedule", lambda: TR.TrainConfig(schedule="linear"), ValueError),  # type: ignore[arg-type]
+    Row("training", "TrainConfig", "label_smoothing = 1.5", lambda: TR.TrainConfig(label_smoothing=1.5), ValueError),
+    Row("training", "TrainConfig", "beta2 = 1", lambda: TR.TrainConfig(betas=(0.9, 1.0)), ValueError),
+    Row("training", "TrainConfig", "three betas", lambda: TR.TrainConfig(betas=(0.9, 0.99, 0.999)), ValueError),  # type: ignore[arg-type]
+    Row("training", "TrainConfig", "negative warmup", lambda: TR.TrainConfig(warmup=-1), ValueError),
+    Row("training", "TrainConfig", "negative checkpoint_every", lambda: TR.TrainConfig(checkpoint_every=-1), ValueError),
+    Row("training", "TrainConfig", "min_lr_ratio = 2", lambda: TR.TrainConfig(min_lr_ratio=2.0), ValueError),
+    Row("training", "TrainConfig", "noam without warmup", lambda: TR.TrainConfig(schedule="noam", warmup=0), ValueError),
+    Row("training", "TrainConfig", "cosine with warmup >= steps", lambda: TR.TrainConfig(schedule="cosine", steps=10, warmup=10), ValueError),
+    Row("training", "TrainConfig", "keep_checkpoints = 0", lambda: TR.TrainConfig(keep_checkpoints=0), ValueError),
+    Row("training", "TrainConfig.from_dict", "unknown key", lambda: TR.TrainConfig.from_dict({"stepz": 10}), ValueError),
+    Row("training", "LoopConfig", "cosine with steps <= warmup", lambda: TR.LoopConfig(schedule="cosine", steps=10, warmup=10), ValueError),
+    Row("training", "LoopConfig", "label_smoothing = -0.1", lambda: TR.LoopConfig(label_smoothing=-0.1), ValueError),
+    Row("training", "Trainer", "noam for a model without d_model", lambda: TR.Trainer(nn.Linear(2, 2), TR.CausalLMObjective(stream_of(100), 4), TR.TrainConfig()), ValueError),
+    Row("training", "Trainer.save", "no run_dir", lambda: trainer().save(), ValueError),
+    Row("training", "TokenStream", "2-D ids", lambda: TR.TokenStream(ids(2, 50)), ValueError),
+    Row("training", "TokenStream", "val_fraction = 1", lambda: TR.TokenStream(torch.arange(50), val_fraction=1.0), ValueError),
+    Row("training", "TokenStream", "too few tokens to split", lambda: stream_of(3), ValueError),
+    Row("training", "TokenStream.blocks", "unknown split", lambda: stream_of(100).blocks("test", 2, 4, torch.Generator()), ValueError),
+    Row("training", "TokenStream.blocks", "blocks longer than the split", lambda: stream_of(100).blocks("val", 2, 20, torch.Generator()), ValueError),
+    Row("training", "CausalLMObjective", "block_size = 0", lambda: TR.CausalLMObjective(stream_of(100), block_size=0), ValueError),
+    Row("training", "ArrayImageDataset", "fewer labels than images", lambda: TR.ArrayImageDataset(t(10, 1, 8, 8), torch.zeros(9)), ValueError),
+    Row("training", "ArrayImageDataset", "test_fraction = 0", lambda: TR.ArrayImageDataset(t(10, 1, 8, 8), torch.zeros(10), test_fraction=0.0), ValueError),
+    Row("training", "noam", "d_model = 0", lambda: TR.noam(1, d_model=0), ValueError),
+    Row("training", "noam", "a negative step", lambda: TR.noam(-1, d_model=8), ValueError),
+    Row("training", "warmup_cosine", "warmup >= total_steps", lambda: TR.warmup_cosine(1, warmup=10, total_steps=10), ValueError),
+    Row("training", "make_schedule", "unknown name", lambda: TR.make_schedule("linear"), ValueError),
+    Row("training", "parameter_groups", "negative weight_decay", lambda: TR.parameter_groups(nn.Linear(2, 2), weight_decay=-0.1), ValueError),
+    Row("training", "label_smoothed_cross_entropy", "epsilon = 1.5", lambda: TR.label_smoothed_cross_entropy(t(2, 5), ids(2), epsilon=1.5), ValueError),
+    Row("training", "label_smoothed_cross_entropy", "targets of the wrong shape", lambda: TR.label_smoothed_cross_entropy(t(2, 5), ids(3)), ValueError),
+    Row("training", "label_smoothed_cross_entropy", "unknown reduction", lambda: TR.label_smoothed_cross_entropy(t(2, 5), ids(2), reduction="max"), ValueError),  # type: ignore[arg-type]
+    Row("training", "CharTokenizer", "repeated characters", lambda: TR.CharTokenizer(["a", "a"]), ValueError),
+    Row("training", "CharTokenizer", "a multi-character token", lambda: TR.CharTokenizer(["ab"]), ValueError),
+    Row("training", "CharTokenizer.encode", "a character outside the vocabulary", lambda: TR.CharTokenizer(["a", "b"]).encode("abc"), ValueError),
+    Row("training", "training.load_tokenizer", "a JSON file that is no tokenizer", lambda: TR.load_tokenizer("not_a_tokenizer.json"), ValueError),
+    Row("training", "ReverseTask", "min_len > max_len", lambda: TR.ReverseTask(min_len=5, max_len=3), ValueError),
+    Row("training", "ReverseTask", "a vocabulary with no content tokens", lambda: TR.ReverseTask(vocab_size=3), ValueError),
+    Row("training", "load_text", "a missing file", lambda: TR.load_text("no_such.txt", download=False), FileNotFoundError),
+    Row("training", "prepare", "unknown recipe", lambda: TR.prepare("gpt-9"), ValueError),
+    Row("training", "prepare", "unknown arch", lambda: TR.prepare("shakespeare-char", {"arch": "rnn"}), ValueError),
+    Row("training", "load_run", "a directory without train_config.json", lambda: TR.load_run("runs/no_checkpoint"), FileNotFoundError),
+    Row("training", "load_training_state", "a checkpoint without trainer state", lambda: TR.load_training_state("ckpt/a_gpt", build_model(TINY_GPT)), FileNotFoundError),
+    Row("training", "estimate_generation", "prompt_len = 0", lambda: mc.estimate_generation(TINY_GPT, batch=1, prompt_len=0, max_new_tokens=1), ValueError),
+    Row("training", "check_fits", "an estimate above the available memory", lambda: mc.check_fits(mc.estimate_training(TINY_GPT, batch=2), available=(1024, "MemAvailable")), mc.MemoryLimitError),
+    # -- generation
+    Row("generation", "generate", "a model that does not generate", lambda: G.generate(model("bert"), ids(1, 3), max_new_tokens=2), TypeError),
+    Row("generation", "generate", "max_new_tokens = 0", lambda: gen(max_new_tokens=0), ValueError),
+    Row("generation", "generate", "max_new_tokens = 2.5", lambda: gen(max_new_tokens=2.5), ValueError),
+    Row("generation", "generate", "sampling options without do_sample", lambda: gen(top_k=5, temperature=0.7), ValueError),
+    Row("generation", "generate", "num_return_sequences > 1 when greedy", lambda: gen(num_return_sequences=2), ValueError),
+    Row("generation", "generate", "num_return_sequences = 0", lambda: gen(do_sample=True, num_return_sequences=0), ValueError),
+    Row("generation", "generate", "a negative temperature", lambda: gen(do_sample=True, temperature=-1.0), ValueError),
+    Row("generation", "generate", "top_k = 0", lambda: gen(do_sample=True, top_k=0), ValueError),
+    Row("generation", "generate", "top_p = 1.5", lambda: gen(do_sample=True, top_p=1.5), ValueError),
+    Row("generation", "generate", "min_p = 2", lambda: gen(do_sample=True, min_p=2.0), ValueError),
+    Row("generation", "generate", "num_beams = 0", lambda: gen(num_beams=0), ValueError),
+    Row("generation", "generate", "beam search with do_sample", lambda: gen(num_beams=2, do_sample=True), ValueError),
+    Row("generation", "generate", "an id >= vocab_size", lambda: gen(input_ids=ids(1, 3, value=50)), ValueError),
+    Row("generation", "generate", "a negative id", lambda: gen(input_ids=[[1, -2]]), ValueError),
+    Row("generation", "generate", "an empty prompt", lambda: gen(input_ids=[[1, 2], []]), ValueError),
+    Row("generation", "generate", "no prompts", lambda: gen(input_ids=[]), ValueError),
+    Row("generation", "generate", "3-D ids", lambda: gen(input_ids=ids(1, 2, 3)), ValueError),
+    Row("generation", "generate", "float ids", lambda: gen(input_ids=t(1, 3)), ValueError),
+    Row("generation", "generate", "an attention mask with a list of prompts", lambda: gen(input_ids=[[1, 2]], attention_mask=torch.ones(1, 2, dtype=torch.bool)), ValueError),
+    Row("generation", "generate", "an attention mask of another shape", lambda: gen(attention_mask=torch.ones(1, 4, dtype=torch.bool)), ValueError),
+    Row("generation", "generate", "prompt + new tokens beyond max_seq_len", lambda: gen(input_ids=ids(1, 6), max_new_tokens=5), ValueError),
+    Row("generation", "generate", "a prompt that fills the context (truncate=True)", lambda: gen(input_ids=ids(1, 8), truncate=True), ValueError),
+    Row("generation", "generate", "an eos id outside the vocabulary", lambda: gen(eos_id=99), ValueError),
+    Row("generation", "generate", "a pad id outside the vocabulary", lambda: gen(pad_id=-1), ValueError),
+    Row("generation", "generate (encoder-decoder)", "new tokens beyond max_seq_len", lambda: G.generate(model("transformer"), ids(1, 3), max_new_tokens=TINY_TR.max_seq_len + 1), ValueError),
+    Row("generation", "beam_search", "num_return_sequences > num_beams", lambda: G.beam_search(model("gpt"), ids(1, 3), max_new_tokens=2, num_beams=2, num_return_sequences=3), ValueError),
+    Row("generation", "beam_search", "unknown length_norm", lambda: G.beam_search(model("gpt"), ids(1, 3), max_new_tokens=2, length_norm="linear"), ValueError),
+    Row("generation", "greedy_decode", "max_len = 0", lambda: G.greedy_decode(model("transformer"), ids(1, 3), max_len=0), ValueError),
+    Row("generation", "greedy_decode", "1-D source ids", lambda: G.greedy_decode(model("transformer"), ids(3), max_len=4), ValueError),
+    Row("generation", "Temperature", "temperature = 0", lambda: G.Temperature(0.0), ValueError),
+    Row("generation", "TopK", "k = 0", lambda: G.TopK(0), ValueError),
+    Row("generation", "TopP", "p = 0", lambda: G.TopP(0.0), ValueError),
+    Row("generation", "MinP", "p = 1.5", lambda: G.MinP(1.5), ValueError),
+    Row("generation", "TopK.__call__", "3-D logits", lambda: G.TopK(2)(t(1, 2, 5)), ValueError),
+    # -- the command line (status 2 and one "error:" line; paths relative to the scratch directory)
+    Row("cli", "attnlab", "no command", lambda: cli(), CLIExitError),
+    Row("cli", "attnlab train", "no task", lambda: cli("train"), CLIExitError),
+    Row("cli", "attnlab train shakespeare-char", "unknown key", lambda: cli(*SHAKESPEARE, "--stepz=10"), CLIExitError),
+    Row("cli", "attnlab train shakespeare-char", "a value of the wrong type", lambda: cli(*SHAKESPEARE, "--steps=ten"), CLIExitError),
+    Row("cli", "attnlab train shakespeare-char", "a key without a value", lambda: cli(*SHAKESPEARE, "--steps"), CLIExitError),
+    Row("cli", "attnlab train shakespeare-char", "a token that is not --key=value", lambda: cli(*SHAKESPEARE, "steps=10"), CLIExitError),
+    Row("cli", "attnlab train shakespeare-char", "a bad boolean", lambda: cli(*SHAKESPEARE, "--progress=maybe"), CLIExitError),
+    Row("cli", "attnlab train shakespeare-char", "an invalid value (steps = 0)", lambda: cli(*SHAKESPEARE, "--steps=0"), CLIExitError),
+    Row("cli", "attnlab train shakespeare-char", "an invalid model size", lambda: cli(*SHAKESPEARE, "--n_heads=3"), CLIExitError),
+    Row("cli", "attnlab train shakespeare-char", "a missing data file", lambda: cli("train", "shakespeare-char", "--data=no_such.txt"), CLIExitError),
+    Row("cli", "attnlab train shakespeare-char", "--resume with other settings", lambda: cli(*SHAKESPEARE, "--name", "old", "--resume", "--lr=0.01"), CLIExitError),
+    Row("cli", "attnlab train shakespeare-char", "a model that cannot fit in RAM (16 GiB available)", lambda: cli(*SHAKESPEARE, *HUGE, available=16 * 2**30), CLIExitError),
+    Row("cli", "attnlab train reverse", "steps = 0", lambda: cli("train", "reverse", "--steps", "0"), CLIExitError),
+    Row("cli", "attnlab train reverse", "an unknown flag", lambda: cli("train", "reverse", "--stepz", "10"), CLIExitError),
+    Row("cli", "attnlab train reverse", "heads that do not divide d_model", lambda: cli("train", "reverse", "--heads", "3"), CLIExitError),
+    Row("cli", "attnlab generate", "no prompt", lambda: cli("generate", "ckpt/a_gpt"), CLIExitError),
+    Row("cli", "attnlab generate", "a missing checkpoint", lambda: cli("generate", "ckpt/nowhere", "--ids", "1"), CLIExitError),
+    Row("cli", "attnlab generate", "ids that are not integers", lambda: cli("generate", "ckpt/a_gpt", "--ids", "1,x"), CLIExitError),
+    Row("cli", "attnlab generate", "--prompt without a tokenizer", lambda: cli("generate", "ckpt/a_gpt", "--prompt", "hi"), CLIExitError),
+    Row("cli", "attnlab generate", "--prompt and --ids together", lambda: cli("generate", "ckpt/a_gpt", "--prompt", "hi", "--ids", "1"), CLIExitError),
+    Row("cli", "attnlab generate", "--seed without sampling", lambda: cli("generate", "ckpt/a_gpt", "--ids", "1", "--seed", "1"), CLIExitError),
+    Row("cli", "attnlab generate", "beam search with sampling options", lambda: cli("generate", "ckpt/a_gpt", "--ids", "1", "--num-beams", "2", "--top-k", "5"), CLIExitError),
+    Row("cli", "attnlab generate", "--top-p 1.5", lambda: cli("generate", "ckpt/a_gpt", "--ids", "1", "--top-p", "1.5"), CLIExitError),
+    Row("cli", "attnlab generate", "an id outside the vocabulary", lambda: cli("generate", "ckpt/a_gpt", "--ids", "50"), CLIExitError),
+    Row("cli", "attnlab generate", "more tokens than the context", lambda: cli("generate", "ckpt/a_gpt", "--ids", "1,2", "--max-new-tokens", "10"), CLIExitError),
+    Row("cli", "attnlab generate", "an unknown --length-norm", lambda: cli("generate", "ckpt/a_gpt", "--ids", "1", "--length-norm", "linear"), CLIExitError),
+    Row("cli", "attnlab generate", "a run that cannot fit in RAM (1 KiB available)", lambda: cli("generate", "ckpt/a_gpt", "--ids", "1", available=1024), CLIExitError),
+    Row("cli", "attnlab sample", "a missing run", lambda: cli("sample", "runs/nowhere"), CLIExitError),
+    Row("cli", "attnlab sample", "a run without a checkpoint", lambda: cli("sample", "runs/old"), CLIExitError),
+    Row("cli", "attnlab evaluate", "a run without a checkpoint", lambda: cli("evaluate", "runs/old"), CLIExitError),
+    Row("cli", "attnlab evaluate", "--batches that is not a number", lambda: cli("evaluate", "runs/old", "--batches", "two"), CLIExitError),
+    Row("cli", "attnlab analyze", "unknown preset", lambda: cli("analyze", "gpt-9"), CLIExitError),
+    Row("cli", "attnlab analyze", "seq-len 0", lambda: cli("analyze", "gpt2-small", "--seq-len", "0"), CLIExitError),
+    Row("cli", "attnlab viz masks", "unknown mask kind", lambda: cli("viz", "masks", "--kinds", "diagonal"), CLIExitError),
+    Row("cli", "attnlab embed", "no --text", lambda: cli("embed", "ckpt/a_bert"), CLIExitError),
 ]
 # fmt: on
 
@@ -412,6 +599,11 @@ def cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", "⏎ ")
 
 
+def raised(e: BaseException) -> str:
+    """The "Raises" cell: the exception class, or ``exit N`` for a command line."""
+    return f"exit {e.code}" if isinstance(e, CLIExitError) else type(e).__name__
+
+
 def render(rows: list[Row], errors: list[BaseException]) -> str:
     lines = [
         "| # | Area | Entry point | Rejects | Raises | Message |",
@@ -420,7 +612,7 @@ def render(rows: list[Row], errors: list[BaseException]) -> str:
     for i, (row, e) in enumerate(zip(rows, errors, strict=True), 1):
         lines.append(
             f"| {i} | {row.area} | `{row.entry}` | {cell(row.rejects)} | "
-            f"`{type(e).__name__}` | {cell(str(e))} |"
+            f"`{raised(e)}` | {cell(str(e))} |"
         )
     return "\n".join(lines)
 
@@ -440,7 +632,8 @@ def documented() -> dict[str, tuple[str, str]]:
 def test_rows_are_unique_and_every_area_is_covered() -> None:
     keys = [r.key for r in ROWS]
     assert len(keys) == len(set(keys)), [k for k in keys if keys.count(k) > 1]
-    assert {r.area for r in ROWS} == {"layers", "models", "checkpoints", "analysis", "viz"}
+    areas = {"layers", "models", "checkpoints", "analysis", "viz", "training", "generation", "cli"}
+    assert {r.area for r in ROWS} == areas
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.key for r in ROWS])
@@ -449,9 +642,11 @@ def test_rejects(row: Row, scratch: Path) -> None:
     e = run(row)
     assert type(e) is row.error, f"{row.key}: {type(e).__name__}: {e}"
     assert not isinstance(e, AssertionError)
+    if isinstance(e, CLIExitError):  # usage errors exit 2, with the error on one line
+        assert e.code == 2 and "error:" in str(e), f"{row.key}: exit {e.code}: {e}"
     doc = documented()
     assert row.key in doc, f"{row.key} is not in docs/validation.md: regenerate the table"
-    assert (type(e).__name__, cell(str(e))) == doc[row.key], "regenerate docs/validation.md"
+    assert (raised(e), cell(str(e))) == doc[row.key], "regenerate docs/validation.md"
 
 
 def test_doc_table_is_current(scratch: Path) -> None:

@@ -3,11 +3,14 @@ half-way leaves the previous checkpoint loadable."""
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from attnlab.models import GPT, GPTConfig
 from attnlab.training import state as state_module
@@ -69,11 +72,11 @@ def test_killed_write_leaves_the_previous_checkpoint_loadable(
     assert latest_checkpoint(tmp_path).name == "step_00000002"  # type: ignore[union-attr]
     trainer.train_step()  # one more step, then die while writing its checkpoint
 
-    def killed(obj: object, path: str) -> None:
+    def killed(tensors: object, path: str, metadata: object = None) -> None:
         Path(path).write_bytes(b"half a file")
         raise KeyboardInterrupt("killed")
 
-    monkeypatch.setattr(state_module.torch, "save", killed)
+    monkeypatch.setattr(state_module, "save_file", killed)
     with pytest.raises(KeyboardInterrupt):
         trainer.save()
     monkeypatch.undo()
@@ -98,3 +101,69 @@ def test_continuing_fit_in_process_equals_one_call(tmp_path: Path) -> None:
     full = _trainer(tmp_path / "full").fit().losses
     trainer = _trainer(tmp_path / "parts")
     assert trainer.fit(until=3).losses + trainer.fit().losses == full
+
+
+def test_checkpoint_holds_only_safetensors_and_json(tmp_path: Path) -> None:
+    """The trainer state is a safetensors file (every tensor: optimizer moments, RNG states as
+    uint8) and strict JSON (no NaN/Infinity literals), never a pickle; it reads back equal."""
+    trainer = _trainer(tmp_path)
+    trainer.fit(until=2)
+    found = latest_checkpoint(tmp_path)
+    assert found is not None
+    assert sorted(p.name for p in found.iterdir()) == [
+        "config.json", "model.safetensors", "trainer_state.json", "trainer_state.safetensors",
+    ]  # fmt: skip
+    for file in found.iterdir():
+        assert not file.read_bytes().startswith((b"\x80", b"PK")), f"{file.name} is a pickle"
+
+    def no_constants(name: str) -> None:
+        raise AssertionError(f"non-standard JSON constant {name}")
+
+    data = json.loads((found / "trainer_state.json").read_text(), parse_constant=no_constants)
+    assert data["format"] == "attnlab-trainer-state" and data["state"]["step"] == 2
+    assert data["state"]["best_val_loss"] == {"__float__": "inf"}  # no evaluation yet
+    tensors = load_file(found / "trainer_state.safetensors")
+    assert tensors["/rng/torch"].dtype == torch.uint8
+    assert torch.equal(tensors["/rng/data"], trainer.generator.get_state())
+    state = state_module.read_training_state(found)
+    expected = trainer.state_dict()
+    assert state["optimizer"]["param_groups"] == expected["optimizer"]["param_groups"]
+    for name, moments in expected["optimizer"]["state"].items():  # keyed by parameter name
+        for key, value in moments.items():
+            assert torch.equal(state["optimizer"]["state"][name][key], value), (name, key)
+    assert state["scheduler"] == expected["scheduler"]
+    assert state["rng"]["python"] == expected["rng"]["python"]
+
+
+def test_flatten_state_round_trips_what_json_lacks() -> None:
+    state = {
+        "ids": {0: {"step": torch.tensor(3.0), "m": torch.ones(2, 3)}, 7: {}},
+        "pair": (0.9, 0.99), "inf": math.inf, "ninf": -math.inf, "none": None, "flag": True,
+        "tagged": {"__tensor__": "not a tensor"}, "nested": [[1, "a"], (torch.arange(3),)],
+    }  # fmt: skip
+    data, tensors = state_module.flatten_state(state)
+    text = json.dumps(data, allow_nan=False)  # strict JSON
+    back = state_module.unflatten_state(json.loads(text), tensors)
+    assert back["ids"][0]["step"].ndim == 0 and torch.equal(back["ids"][0]["m"], torch.ones(2, 3))
+    assert list(back["ids"]) == [0, 7] and back["ids"][7] == {}
+    assert back["pair"] == (0.9, 0.99) and isinstance(back["pair"], tuple)
+    assert back["inf"] == math.inf and back["ninf"] == -math.inf
+    assert back["none"] is None and back["flag"] is True
+    assert back["tagged"] == {"__tensor__": "not a tensor"}
+    assert back["nested"][0] == [1, "a"] and torch.equal(back["nested"][1][0], torch.arange(3))
+    nan = state_module.unflatten_state(*state_module.flatten_state({"x": math.nan}))
+    assert math.isnan(nan["x"])
+    with pytest.raises(TypeError, match="'/bad' has type object"):
+        state_module.flatten_state({"bad": object()})
+
+
+def test_an_old_pickled_state_is_refused(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path)
+    trainer.fit(until=1)
+    found = latest_checkpoint(tmp_path)
+    assert found is not None
+    (found / "trainer_state.json").unlink()
+    (found / "trainer_state.pt").write_bytes(b"\x80\x04pickle")
+    assert latest_checkpoint(tmp_path) is None  # incomplete: not offered for resuming
+    with pytest.raises(FileNotFoundError, match=r"trainer_state\.pt is not supported"):
+        state_module.read_training_state(found)

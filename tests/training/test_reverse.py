@@ -7,6 +7,7 @@ import torch
 
 from attnlab.models import EncoderDecoderTransformer, TransformerConfig
 from attnlab.training import LoopConfig, ReverseTask, Seq2SeqBatch, evaluate_exact_match, train
+from attnlab.training.loop import learning_rate_schedule
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -115,3 +116,22 @@ def test_train_config_validation() -> None:
         LoopConfig(label_smoothing=1.0)
     with pytest.raises(ValueError, match="beta2"):
         LoopConfig(betas=(0.9, 1.0))
+    with pytest.raises(ValueError, match="schedule='linear'"):
+        LoopConfig(schedule="linear")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="steps > warmup"):
+        LoopConfig(steps=100, warmup=100, schedule="cosine")
+
+
+def test_learning_rate_schedules_of_the_loop() -> None:
+    d_model, warmup, steps = 64, 100, 1000
+    noam_config = LoopConfig(steps=steps, warmup=warmup, lr_factor=0.5)
+    cosine_config = LoopConfig(steps=steps, warmup=warmup, lr_factor=0.5, schedule="cosine")
+    eq3 = learning_rate_schedule(noam_config, d_model=d_model)
+    cos = learning_rate_schedule(cosine_config, d_model=d_model)
+    peak = 0.5 * d_model**-0.5 * warmup**-0.5
+    for step in (1, 50, warmup):  # same warmup and peak
+        assert cos(step) == pytest.approx(eq3(step))
+    assert cos(warmup) == pytest.approx(peak)
+    assert eq3(steps) == pytest.approx(0.5 * d_model**-0.5 * steps**-0.5)
+    assert cos((warmup + steps) // 2) == pytest.approx(peak / 2)
+    assert cos(steps) == pytest.approx(0.0, abs=1e-12)

@@ -14,7 +14,9 @@ text and the output is streamed to the terminal token by token (one prompt, gree
 without one, prompts are given as ids (``--ids``, repeatable) and ids are printed. Any of
 ``--temperature/--top-k/--top-p/--min-p`` switches sampling on (``--temperature 0``: greedy).
 For an encoder-decoder model the prompt is the source sentence. Bad input prints one
-``error:`` line and returns 2.
+``error:`` line and returns 2, as does a run whose estimated memory (weights, KV cache, prefill;
+:mod:`attnlab.analysis.memory_check`) exceeds the available RAM, unless
+``--ignore-memory-check`` is given.
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ def add_generate_subparser(subparsers: Any) -> argparse.ArgumentParser:
     dec.add_argument("--no-cache", action="store_true", help="recompute the prefix each step")
     dec.add_argument("--no-stream", action="store_true", help="print only at the end")
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--ignore-memory-check",
+        action="store_true",
+        help="generate even if the memory estimate exceeds the available RAM",
+    )
     p.set_defaults(func=run_generate)
     return p
 
@@ -138,6 +145,29 @@ def _stream_text(
     sys.stdout.write("\n")
 
 
+def _check_memory(args: argparse.Namespace, prompts: list[list[int]]) -> None:
+    """Refuse before loading when the weights, KV cache and prefill cannot fit in RAM (an attnlab
+    config is estimated in full; a Hugging Face one by its weight files' size)."""
+    from attnlab.analysis.memory_check import MemoryEstimate, check_fits, estimate_generation
+    from attnlab.hub import is_attnlab_config
+    from attnlab.interop.hf import read_config
+    from attnlab.models import config_from_json_dict
+
+    data = read_config(args.checkpoint)
+    if is_attnlab_config(data):
+        estimate = estimate_generation(
+            config_from_json_dict(data), batch=len(prompts),
+            prompt_len=max(1, *map(len, prompts)), max_new_tokens=max(args.max_new_tokens, 0),
+            num_beams=max(args.num_beams, args.num_return_sequences, 1),
+        )  # fmt: skip
+    else:
+        files = [f for f in Path(args.checkpoint).iterdir() if f.suffix in (".safetensors", ".bin")]
+        estimate = MemoryEstimate(
+            f"loading {args.checkpoint}", {"weights": sum(f.stat().st_size for f in files)}
+        )
+    check_fits(estimate)
+
+
 def _generate(args: argparse.Namespace) -> int:
     import attnlab
     from attnlab.generation.beam import beam_search
@@ -158,6 +188,8 @@ def _generate(args: argparse.Namespace) -> int:
     else:
         raise ValueError("pass --prompt TEXT or --ids 1,2,3")
     opts = _options(args)
+    if not args.ignore_memory_check:
+        _check_memory(args, prompts)
     model = attnlab.from_pretrained(args.checkpoint, device=args.device)
     decoder_only = isinstance(model, attnlab.GPT)
     eos = set(resolve_eos(model, opts["eos_id"]))  # type: ignore[arg-type]

@@ -137,7 +137,7 @@ def prepare_request(
     room = context if enc_dec else context - width
     if max_new_tokens > room:
         if not truncate:
-            total = f"{max_new_tokens} new tokens" if enc_dec else f"{width} + {max_new_tokens}"
+            total = f"{max_new_tokens} new" if enc_dec else f"{width} + {max_new_tokens}"
             raise ValueError(
                 f"{total} tokens exceed the model's context (max_seq_len={context}); "
                 f"use max_new_tokens <= {room} or truncate=True"

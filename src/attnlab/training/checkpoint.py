@@ -10,6 +10,12 @@ Writes are atomic per file: each file is written to a temporary file in the same
 fsync-ed, and moved over the old one with ``os.replace``. Both temporary files are complete before
 either replacement, so a failed write leaves the previous checkpoint untouched and no temporary
 files behind.
+
+A sharded or wrapped model (FSDP, DDP) is saved from its *full* state dict, gathered by
+:mod:`attnlab.training.distributed`: ``save_checkpoint(model, path, state_dict=full)``. Tied
+parameters are then written once, under the name ``save_model`` would keep (the first in sorted
+order), so the file is the same as a single-process run's; :func:`with_tied_names` adds the
+other names back before loading such a state dict.
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model, save_model
-from torch import nn
+from safetensors.torch import load_model, save_file, save_model
+from torch import Tensor, nn
 
 from attnlab.config import config_to_dict
 from attnlab.models import build_model, config_from_json_dict
@@ -58,12 +64,57 @@ def _fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
-def save_checkpoint(model: nn.Module, path: str | os.PathLike[str]) -> Path:
+def tied_parameter_names(model: nn.Module) -> list[list[str]]:
+    """Groups (sorted, two or more names each) of the parameter names of ``model`` that share
+    one parameter, e.g. ``[["lm_head.weight", "tok_embed.weight"]]`` for tied embeddings
+    (§3.4)."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return sorted(sorted(group) for group in names.values() if len(group) > 1)
+
+
+def with_tied_names(state_dict: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
+    """``state_dict`` with every tied name of ``model`` present (the file holds one per group).
+
+    Raises:
+        KeyError: if no name of a tied group is in ``state_dict``.
+    """
+    out = dict(state_dict)
+    for group in tied_parameter_names(model):
+        present = [n for n in group if n in out]
+        if not present:
+            raise KeyError(f"none of the tied parameters {group} is in the state dict")
+        for name in group:
+            out.setdefault(name, out[present[0]])
+    return out
+
+
+def _save_state_dict(state_dict: dict[str, Tensor], model: nn.Module, file: str) -> None:
+    """``save_model`` for a given state dict: tied names dropped (recorded in the metadata)."""
+    tensors = {k: v.detach().contiguous() for k, v in state_dict.items()}
+    metadata: dict[str, str] = {}
+    for group in tied_parameter_names(model):
+        present = [n for n in group if n in tensors]
+        for name in present[1:]:
+            metadata[name] = present[0]
+            del tensors[name]
+    save_file(tensors, file, metadata=metadata or None)
+
+
+def save_checkpoint(
+    model: nn.Module,
+    path: str | os.PathLike[str],
+    *,
+    state_dict: dict[str, Tensor] | None = None,
+) -> Path:
     """Save ``model`` (which must carry its ``config``) to the directory ``path``.
 
     Args:
         model: a model built by :func:`attnlab.models.build_model` (has ``.config``).
         path: the checkpoint directory; created if missing, its files replaced atomically.
+        state_dict: the weights to write instead of ``model``'s own (the full state dict of a
+            sharded model, whose parameter names it must use).
 
     Returns:
         The checkpoint directory.
@@ -81,7 +132,13 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike[str]) -> Path:
     def write_config(tmp: str) -> None:
         Path(tmp).write_text(config_text, encoding="utf-8")
 
-    tmp_weights = _write_temp(directory, WEIGHTS_NAME, lambda tmp: save_model(model, tmp))
+    def write_weights(tmp: str) -> None:
+        if state_dict is None:
+            save_model(model, tmp)
+        else:
+            _save_state_dict(state_dict, model, tmp)
+
+    tmp_weights = _write_temp(directory, WEIGHTS_NAME, write_weights)
     try:
         tmp_config = _write_temp(directory, CONFIG_NAME, write_config)
     except BaseException:
@@ -128,4 +185,12 @@ def load_checkpoint(
     return model.eval()
 
 
-__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "load_checkpoint", "load_config", "save_checkpoint"]
+__all__ = [
+    "CONFIG_NAME",
+    "WEIGHTS_NAME",
+    "load_checkpoint",
+    "load_config",
+    "save_checkpoint",
+    "tied_parameter_names",
+    "with_tied_names",
+]

@@ -10,19 +10,37 @@ Any field of the recipe's options, :class:`~attnlab.training.TrainConfig` or mod
 set with ``--key=value`` or ``--key value`` (dashes or underscores; ``--section.key`` when a name
 is in two sections; booleans also as bare ``--key`` / ``--no-key``); unknown keys exit with
 status 2 and the list of valid ones. A run writes ``runs/<name>/`` (metrics.jsonl, checkpoints,
-tokenizer); ``--resume`` continues it from its newest checkpoint.
+tokenizer); ``--resume`` continues it from its newest checkpoint. A run whose estimated memory
+(:mod:`attnlab.analysis.memory_check`) exceeds the available RAM exits with status 2 before the
+model is built, unless ``--ignore-memory-check`` is given.
+
+The same command runs data-parallel under torchrun (docs/scaling_out.md)::
+
+    torchrun --nproc_per_node=4 -m attnlab train shakespeare-char --batch_size=48 [--fsdp]
+
+Every process runs it; the batch size stays the global one, only rank 0 prints, logs and
+writes checkpoints, and a checkpoint resumes with any number of processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
+from torch.distributed.elastic.multiprocessing.errors import record
 
+from attnlab.analysis.memory_check import IGNORE_FLAG, check_training_fits
+from attnlab.training.config import TrainConfig
+from attnlab.training.distributed import (
+    init_distributed,
+    launched_by_torchrun,
+    shutdown_distributed,
+)
 from attnlab.training.recipes import RECIPES, RUN_CONFIG_NAME, field_types, load_run, prepare
 from attnlab.training.recipes import save_run_files as _save_run_files
 from attnlab.training.trainer import Trainer
@@ -117,15 +135,26 @@ def add_recipe_parsers(tasks: Any) -> None:
         p.add_argument("--name", help=f"run name (default {name}); files go to RUNS_DIR/NAME")
         p.add_argument("--runs-dir", default="runs", help="where run directories go")
         p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+        p.add_argument(
+            IGNORE_FLAG, action="store_true", help="train even if the memory estimate exceeds RAM"
+        )
         p.set_defaults(func=run_recipe, parser=p, recipe=name, accepts_overrides=True)
 
 
 def run_recipe(args: argparse.Namespace) -> int:
-    """Train ``args.recipe`` with ``args.overrides`` (the extra ``--key=value`` tokens)."""
+    """Train ``args.recipe`` with ``args.overrides`` (the extra ``--key=value`` tokens); under
+    torchrun every process runs this, joined through :func:`init_distributed`."""
+    if launched_by_torchrun():  # a failing process's error goes into torchrun's report
+        return int(record(_run_recipe)(args) or 0)
+    return _run_recipe(args)
+
+
+def _run_recipe(args: argparse.Namespace) -> int:
     start = time.monotonic()
     try:
         overrides = parse_overrides(list(args.overrides), field_types(args.recipe))
-        prepared = prepare(args.recipe, overrides)
+        fits = None if args.ignore_memory_check else _check_memory
+        prepared = prepare(args.recipe, overrides, check=fits)
     except (ValueError, FileNotFoundError) as e:
         _error(args, str(e))
     run_name = args.name or (
@@ -134,35 +163,56 @@ def run_recipe(args: argparse.Namespace) -> int:
     run_dir = Path(args.runs_dir) / run_name
     if args.resume:
         _check_same_run(args.parser, run_dir, prepared.train.to_dict())
-    _save_run_files(prepared, run_dir)
-    n_params = sum(p.numel() for p in prepared.model.parameters())
-    print(
-        f"{args.recipe}: {type(prepared.model).__name__} with {n_params:,} parameters -> {run_dir}"
-    )
-    trainer = Trainer(
-        prepared.model, prepared.objective, prepared.train, run_dir=run_dir,
-        d_model=getattr(prepared.model_config, "d_model", None),
-        extra_config=prepared.run_config(),
-    )  # fmt: skip
+    ctx = init_distributed()  # a single process unless launched by torchrun
+    main = ctx.is_main  # only rank 0 prints and writes files
+    if main:
+        _save_run_files(prepared, run_dir)
+        n_params = sum(p.numel() for p in prepared.model.parameters())
+        where = f" on {ctx.world_size} processes ({ctx.backend})" if ctx.enabled else ""
+        print(
+            f"{args.recipe}: {type(prepared.model).__name__} with {n_params:,} parameters"
+            f"{where} -> {run_dir}"
+        )
+    try:
+        trainer = Trainer(
+            prepared.model, prepared.objective, prepared.train, run_dir=run_dir,
+            d_model=getattr(prepared.model_config, "d_model", None),
+            extra_config=prepared.run_config(), distributed=ctx,
+        )  # fmt: skip
+    except ValueError as e:  # e.g. a batch size the world size does not divide
+        _error(args, str(e))
+    # On an error the process group is left alone: the launcher stops the other processes
+    # (tearing it down here could wait for them forever).
     result = trainer.fit(resume=args.resume)
     last = result.evals[-1] if result.evals else trainer.evaluate()
-    stopped = " (stopped early)" if result.stopped_early else ""
-    print(
-        f"trained to step {result.step} in {result.seconds:.1f} s{stopped}; val loss "
-        f"{last['val_loss']:.4f}, val accuracy {last['val_accuracy']:.2%}"
-    )
-    print(f"checkpoint: {result.checkpoint} ({time.monotonic() - start:.1f} s total)")
+    shutdown_distributed(ctx)
+    if main:
+        stopped = " (stopped early)" if result.stopped_early else ""
+        print(
+            f"trained to step {result.step} in {result.seconds:.1f} s{stopped}; val loss "
+            f"{last['val_loss']:.4f}, val accuracy {last['val_accuracy']:.2%}"
+        )
+        print(f"checkpoint: {result.checkpoint} ({time.monotonic() - start:.1f} s total)")
     return 0
 
 
-_VOLATILE = ("progress", "tensorboard", "max_minutes", "steps")
+def _check_memory(model_config: Any, train: TrainConfig) -> None:
+    check_training_fits(model_config, train.batch_size)
+
+
+# settings a resumed run may change (checkpoints load into any world size, DDP or FSDP)
+_VOLATILE = ("progress", "tensorboard", "max_minutes", "steps", "fsdp")
 
 
 def _check_same_run(parser: argparse.ArgumentParser, run_dir: Path, train: dict[str, Any]) -> None:
     file = run_dir / RUN_CONFIG_NAME
     if not file.is_file():
         return
-    saved = json.loads(file.read_text(encoding="utf-8"))["train"]
+    try:
+        saved = json.loads(file.read_text(encoding="utf-8"))["train"]
+    except (json.JSONDecodeError, KeyError, TypeError):  # torn by a kill while it was written
+        print(f"warning: {file} is unreadable; not compared, rewritten", file=sys.stderr)
+        return
     changed = sorted(k for k in train if k not in _VOLATILE and saved.get(k) != train[k])
     if changed:
         parser.error(f"--resume with other settings than the run's ({', '.join(changed)})")

@@ -31,6 +31,10 @@ class TrainConfig:
 
     A step is one optimizer update over ``grad_accum`` micro-batches of ``batch_size`` examples
     each (so ``batch_size * grad_accum`` examples per update).
+
+    Under ``torchrun`` (:mod:`attnlab.training.distributed`) these stay the *global* numbers:
+    each of the N processes computes ``batch_size / N`` examples of every micro-batch (so N must
+    divide ``batch_size``), and one update still sees ``batch_size * grad_accum`` examples.
     """
 
     # -- budget and batches
@@ -63,6 +67,8 @@ class TrainConfig:
     log_every: int = 10  # steps between metrics.jsonl lines
     progress: bool = True  # tqdm bar with loss, lr and tokens/s
     tensorboard: bool = False  # also log through torch.utils.tensorboard (when installed)
+    # -- distributed (under torchrun; ignored by a single process)
+    fsdp: bool = False  # shard parameters, gradients and optimizer state (FSDP2); else DDP
     # -- reproducibility
     seed: int = 0  # seeds data order, masking and dropout
     deterministic: bool = True  # torch.use_deterministic_algorithms(True, warn_only=True)
@@ -104,8 +110,25 @@ class TrainConfig:
 
     @property
     def examples_per_step(self) -> int:
-        """Examples per optimizer update (``batch_size * grad_accum``)."""
+        """Examples per optimizer update, over all processes (``batch_size * grad_accum``)."""
         return self.batch_size * self.grad_accum
+
+    def per_rank_batch_size(self, world_size: int) -> int:
+        """Examples of each micro-batch that one of ``world_size`` processes computes.
+
+        Raises:
+            ValueError: if ``world_size`` does not divide ``batch_size``.
+        """
+        if world_size < 1:
+            raise ValueError(f"world_size must be positive, got {world_size}")
+        if self.batch_size % world_size:
+            raise ValueError(
+                f"batch_size={self.batch_size} (the global micro-batch) is not divisible by the "
+                f"world size {world_size}; pick a batch_size that is a multiple of {world_size} "
+                f"(per-process batch x world size x grad_accum = the global batch of "
+                f"{self.examples_per_step} examples per step)"
+            )
+        return self.batch_size // world_size
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``betas`` as a list)."""

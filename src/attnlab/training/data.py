@@ -10,6 +10,10 @@ position, so a checkpoint that stores it resumes the exact same batch sequence.
   which a language model reads ``x = block[:, :-1]`` and ``y = block[:, 1:]``.
 - :class:`ArrayImageDataset`: images ``(N, C, H, W)`` and labels ``(N,)`` with a seeded
   train/test split, and :func:`load_digits` for scikit-learn's bundled 8x8 digits.
+- :func:`shard_batch`: one process's rows of a batch in data-parallel training. Every process
+  draws the same *global* batch from an identically seeded generator and keeps its own
+  contiguous slice, so the processes see disjoint parts of each batch and together exactly the
+  examples a single process would see (the data position stays one generator state).
 
 Shapes: B batch, T block length, N examples, C channels, H x W pixels.
 """
@@ -20,8 +24,9 @@ import hashlib
 import logging
 import os
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -213,6 +218,40 @@ class ArrayImageDataset:
         return x[index], y[index]
 
 
+def shard_batch(batch: Any, rank: int, world_size: int) -> Any:
+    """Rank ``rank``'s slice of ``batch`` out of ``world_size`` equal, contiguous slices.
+
+    ``batch`` is a tensor ``(B, ...)`` or a tuple/list/dict of them (every tensor sliced along
+    its first dimension); the result has the same structure with ``B / world_size`` rows.
+
+    Raises:
+        ValueError: for a rank outside ``[0, world_size)``, or a ``B`` that ``world_size`` does
+            not divide.
+        TypeError: for a leaf that is not a tensor.
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size), got rank={rank}, {world_size=}")
+    if world_size == 1:
+        return batch
+    if isinstance(batch, Tensor):
+        rows = batch.shape[0] if batch.ndim else 0
+        if rows == 0 or rows % world_size:
+            raise ValueError(
+                f"a batch of {rows} rows cannot be split evenly over {world_size} processes "
+                f"(shape {tuple(batch.shape)})"
+            )
+        per = rows // world_size
+        return batch[rank * per : (rank + 1) * per]
+    if isinstance(batch, tuple | list):
+        items = [shard_batch(b, rank, world_size) for b in batch]
+        if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a NamedTuple
+            return type(batch)(*items)
+        return type(batch)(items)
+    if isinstance(batch, Mapping):
+        return {k: shard_batch(v, rank, world_size) for k, v in batch.items()}
+    raise TypeError(f"cannot shard a batch leaf of type {type(batch).__name__}; expected tensors")
+
+
 def load_digits() -> tuple[np.ndarray, np.ndarray]:
     """scikit-learn's bundled 8x8 digits (1,797 images, values 0-16): ``(N, 8, 8)``, ``(N,)``.
 
@@ -233,4 +272,5 @@ __all__ = [
     "data_dir",
     "load_digits",
     "load_text",
+    "shard_batch",
 ]

@@ -3,7 +3,8 @@
 
 Lines are appended and flushed as they are written, so a killed run keeps what it logged; a
 resumed run first drops lines logged after its checkpoint's step, so the file never holds two
-values for one step.
+values for one step (written to a temporary file and moved over the old one, so a kill then
+loses nothing).
 """
 
 from __future__ import annotations
@@ -62,7 +63,10 @@ class MetricsLogger:
                 continue  # a half-written last line of a killed run
             if isinstance(record, dict) and record.get("step", 0) <= step:
                 kept.append(line)
-        self.path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+        # through a temporary file and os.replace: a kill here must not lose the kept lines
+        tmp = self.path.with_name(f".{METRICS_NAME}.tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+        os.replace(tmp, self.path)
 
     def log(self, record: dict[str, Any]) -> None:
         """Append ``record`` (must hold ``"step"``) as one line."""

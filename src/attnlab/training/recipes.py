@@ -8,7 +8,8 @@
   [MASK]), BERT's 15% / 80-10-10 masking rule; the metric is masked-token accuracy.
 - ``digits``: ViT on scikit-learn's 8x8 digits (2x2 patches): 20% held out as the test split
   (scored once, at the end), 10% of the rest as the validation split that training evaluates and
-  hyperparameters are chosen on; ``model=cnn`` trains the :class:`~attnlab.training.baselines.CNNClassifier` baseline with the same budget.
+  hyperparameters are chosen on; ``model=cnn`` trains the
+  :class:`~attnlab.training.baselines.CNNClassifier` baseline with the same budget.
 
 Every field of the recipe's :class:`RecipeOptions`, :class:`TrainConfig` and model config can be
 overridden by name (:func:`prepare`); unknown names are rejected. A run directory records
@@ -297,10 +298,16 @@ def field_types(recipe: str, options: RecipeOptions | None = None) -> dict[str, 
     return types
 
 
-def prepare(recipe: str, overrides: dict[str, Any] | None = None) -> Prepared:
+def prepare(
+    recipe: str,
+    overrides: dict[str, Any] | None = None,
+    *,
+    check: Callable[[Any, TrainConfig], None] | None = None,
+) -> Prepared:
     """Build the data, model and train config of ``recipe`` with ``overrides`` applied.
 
-    The model is initialised under ``torch.manual_seed(train.seed)``.
+    The model is initialised under ``torch.manual_seed(train.seed)``. ``check(model_config,
+    train)`` runs before the model is built (the CLI's memory check); what it raises propagates.
 
     Raises:
         ValueError: for an unknown recipe or key, or an invalid value.
@@ -323,6 +330,8 @@ def prepare(recipe: str, overrides: dict[str, Any] | None = None) -> Prepared:
     if tokenizer is not None:  # the vocabulary is the tokenizer's
         model_fields["vocab_size"] = tokenizer.vocab_size
     model_config = dataclasses.replace(default_model, **model_fields)
+    if check is not None:
+        check(model_config, train)
     model = _build(model_config, seed=train.seed)
     objective = r.objective(options, model_config, data, tokenizer)
     return Prepared(recipe, model, objective, train, options, model_config, tokenizer, data)
@@ -350,7 +359,17 @@ def load_run(run_dir: str | os.PathLike[str]) -> Prepared:
         ValueError: for a config that does not parse.
     """
     run_dir = Path(run_dir)
-    saved = json.loads((run_dir / RUN_CONFIG_NAME).read_text(encoding="utf-8"))
+    config_file = run_dir / RUN_CONFIG_NAME
+    try:
+        saved = json.loads(config_file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{config_file} is not valid JSON: {e}") from None
+    missing = [k for k in ("recipe", "options", "train", "model") if k not in saved]
+    if not isinstance(saved, dict) or missing:
+        raise ValueError(
+            f"{config_file} is not a run config: missing {missing or 'everything'} "
+            "(expected keys recipe, options, train, model)"
+        )
     r = get_recipe(saved["recipe"])
     options = config_from_dict(RecipeOptions, saved["options"])
     train = TrainConfig.from_dict(saved["train"])
