@@ -22,6 +22,7 @@ import torch
 
 from attnlab.analysis.attention_bench import add_bench_subparser
 from attnlab.analysis.cli import add_analyze_subparser
+from attnlab.analysis.memory_check import IGNORE_FLAG, check_training_fits
 from attnlab.generation.cli import add_generate_subparser
 from attnlab.models import EncoderDecoderTransformer, TransformerConfig
 from attnlab.training import (
@@ -106,6 +107,9 @@ def _add_reverse_parser(tasks: argparse._SubParsersAction) -> None:
     g.add_argument("--max-minutes", type=positive_float, default=None, help="training time cap")
     g.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--out", default="runs/reverse", help="checkpoint directory")
+    p.add_argument(
+        IGNORE_FLAG, action="store_true", help="train even if the memory estimate exceeds RAM"
+    )
     p.set_defaults(func=_train_reverse, parser=p)
 
 
@@ -189,6 +193,8 @@ def _train_reverse(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             max_minutes=args.max_minutes,
         )
+        if not args.ignore_memory_check:  # exits 2 naming the estimate (a MemoryLimitError)
+            check_training_fits(model_config, args.batch_size)
         heldout = task.heldout(args.eval_size, seed=args.seed + 1)
     except ValueError as e:
         args.parser.error(str(e))

@@ -4,11 +4,18 @@ Started once as ``python kill_worker.py``, it imports torch and attnlab (the slo
 a run) and then serves one JSON request per stdin line::
 
     {"argv": [...], "log": PATH, "root": RUN_DIR, "kill_at": K or null, "only": TEXT or null,
-     "events": PATH or null}
+     "cpu_kill_after": SECONDS or null, "events": PATH or null}
 
 For each it forks a child that runs ``attnlab.cli.main(argv)`` with stdout/stderr in ``log``,
-answers ``{"pid": PID}``, waits for the child and answers ``{"status": WAIT_STATUS}``. The test
-may SIGKILL the child at any moment in between (a timed kill).
+answers ``{"pid": PID}``, waits for the child and answers ``{"status": WAIT_STATUS, "cpu_s":
+SECONDS}`` (the child's CPU time, user + system).
+
+Timed kill (at an arbitrary instruction, wherever it lands: start-up, a training step, the middle
+of a ``safetensors`` write): with ``cpu_kill_after`` the child arms ``ITIMER_PROF``, so the kernel
+sends it ``SIGPROF`` once it has used that much CPU time. ``SIGPROF`` keeps its default action,
+which ends the process at once exactly like ``SIGKILL`` (no handler, no cleanup, no flush); its
+wait status names ``SIGPROF``. CPU time, unlike wall-clock time, does not stretch when the machine
+is loaded, so the point of progress a given delay reaches hardly varies between runs.
 
 Kill switch (a kill from inside, at an exact point): the child counts the file operations it does
 under ``root`` (those whose path relative to ``root`` contains ``only``, when given): ``os.fsync``
@@ -91,6 +98,9 @@ def child(request: dict[str, Any]) -> int:
     os.dup2(log, 2)
     switch = KillSwitch(request["root"], request.get("kill_at"), request.get("only"))
     switch.install()
+    if request.get("cpu_kill_after") is not None:
+        signal.signal(signal.SIGPROF, signal.SIG_DFL)  # the default action: terminate at once
+        signal.setitimer(signal.ITIMER_PROF, max(float(request["cpu_kill_after"]), 1e-6))
     try:
         status = int(main(request["argv"]))
     except SystemExit as e:
@@ -115,8 +125,9 @@ def serve() -> None:
         if pid == 0:
             os._exit(child(request))
         print(json.dumps({"pid": pid}), flush=True)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"status": status}), flush=True)
+        _, status, usage = os.wait4(pid, 0)
+        cpu = usage.ru_utime + usage.ru_stime
+        print(json.dumps({"status": status, "cpu_s": cpu}), flush=True)
 
 
 if __name__ == "__main__":

@@ -4,18 +4,26 @@ A tiny ``shakespeare-char`` run (a 1-layer GPT on a small text file, a checkpoin
 dropout on so that the RNG state matters) is trained once without interruption, then again in
 seeded trials, each killed 1 to 3 times before it is resumed to the end (``--resume``):
 
-- *timed* kills: the test sends SIGKILL after a random delay within the run's duration (start-up,
-  training, checkpoint writes, wherever it lands);
+- *timed* kills: the run is ended by the kernel (``SIGPROF`` with its default action, as abrupt
+  as SIGKILL) once it has used a random amount of CPU time within the uninterrupted run's
+  (start-up, training, checkpoint writes, wherever it lands); CPU time rather than wall-clock
+  time, so a loaded machine does not move the kill past the end of the run. A run that still
+  finishes first is retried with a shorter delay, and is at worst a valid trial that checks the
+  end state of a resumed finished run;
 - *checkpoint-write* kills: the process SIGKILLs itself at a random file operation under
   ``checkpoints/`` (before a temporary file is made durable, before or after each atomic rename;
   see ``kill_worker.py``);
 - *any-write* kills: the same over every file operation of the run directory, including the
-  plain writes of ``train_config.json``, ``tokenizer.json`` and ``metrics.jsonl`` (torn in half).
+  writes of ``train_config.json`` and ``tokenizer.json`` (atomic too: a torn temporary file) and
+  of ``metrics.jsonl`` (a ``write_text`` is torn in half).
 
 After every kill, every checkpoint on disk is checked: the one ``latest`` names loads (weights and
 trainer state), and any other either loads or is incomplete (a file missing, never a corrupt
-one). After the resume, the final weights equal the uninterrupted run's bitwise and
-``metrics.jsonl`` holds the same records (nothing lost, nothing twice).
+one). After the resume, the final weights equal the uninterrupted run's bitwise,
+``metrics.jsonl`` holds the same records (nothing lost, nothing twice), and no temporary file of
+an interrupted write is left in the run directory (a resume removes them).
+
+A failing check names the trial's kills, the exit status and the whole output of the run.
 
 Runs are forked from a server process that has already imported torch (``kill_worker.py``), so
 a trial costs its training, not an interpreter start; one plain ``python -m attnlab`` run shows
@@ -34,7 +42,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +50,7 @@ from typing import Any
 import pytest
 import torch
 
-from attnlab.training.checkpoint import load_checkpoint
+from attnlab.training.checkpoint import atomic_write_text, load_checkpoint, remove_stale_temp_files
 from attnlab.training.state import latest_checkpoint, load_training_state
 
 pytestmark = pytest.mark.skipif(
@@ -69,6 +76,39 @@ def _text() -> str:
     return "\n".join(lines) + "\n"
 
 
+RUN_TIMEOUT = 120.0  # seconds a run may take (it takes well under 1 s on a quiet machine)
+KILL_SIGNALS = (signal.SIGKILL, signal.SIGPROF)  # the kill switch's, the CPU timer's
+
+
+def _log(request: dict[str, Any]) -> str:
+    path = Path(request["log"])
+    return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else "(no log)"
+
+
+@dataclass
+class Outcome:
+    """How a run ended: its wait status, CPU time and output."""
+
+    status: int
+    cpu_s: float
+    log: str
+
+    @property
+    def killed(self) -> bool:
+        return os.WIFSIGNALED(self.status) and os.WTERMSIG(self.status) in KILL_SIGNALS
+
+    @property
+    def ok(self) -> bool:
+        return os.WIFEXITED(self.status) and os.WEXITSTATUS(self.status) == 0
+
+    def __str__(self) -> str:
+        if os.WIFSIGNALED(self.status):
+            how = f"died of {signal.Signals(os.WTERMSIG(self.status)).name}"
+        else:
+            how = f"exited with status {os.WEXITSTATUS(self.status)}"
+        return f"{how} after {self.cpu_s:.2f} s of CPU time; its output:\n{self.log}"
+
+
 class Worker:
     """The fork server (``kill_worker.py``) and its request/answer protocol."""
 
@@ -92,28 +132,24 @@ class Worker:
         answer: dict[str, Any] = json.loads(line)
         return answer
 
-    def run(self, request: dict[str, Any], *, kill_after: float | None = None) -> int | None:
-        """Run a command; returns its exit status, or ``None`` when it died of SIGKILL.
-
-        ``kill_after``: send SIGKILL after this many seconds unless it has finished by then.
-        """
+    def run(self, request: dict[str, Any]) -> Outcome:
+        """Run a command (see ``kill_worker.py``) to its end; returns how it ended."""
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         started = self._answer(60.0)
-        assert started is not None and "pid" in started
-        answer = self._answer(kill_after) if kill_after is not None else None
-        if kill_after is not None and answer is None:
-            with contextlib.suppress(ProcessLookupError):  # it finished just now
+        assert started is not None and "pid" in started, started
+        answer = self._answer(RUN_TIMEOUT)
+        if answer is None:  # hung: end it, so that the worker serves the next request
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(started["pid"], signal.SIGKILL)
-        if answer is None:
-            answer = self._answer(120.0)
-        assert answer is not None, "the run did not end within 120 s"
+            self._answer(30.0)
+            raise AssertionError(f"the run did not end within {RUN_TIMEOUT:.0f} s:\n"
+                                 f"{_log(request)}")  # fmt: skip
         status = int(answer["status"])
-        if os.WIFSIGNALED(status):
-            assert os.WTERMSIG(status) == signal.SIGKILL
-            return None
-        return os.WEXITSTATUS(status)
+        out = Outcome(status, float(answer["cpu_s"]), _log(request))
+        assert out.killed or os.WIFEXITED(status), f"the run {out}"
+        return out
 
     def close(self) -> None:
         assert self.proc.stdin is not None
@@ -127,7 +163,7 @@ class Setup:
     tmp: Path
     data: Path
     events: list[str]  # the file operations of one uninterrupted run (the kill points)
-    seconds: float  # its wall time
+    cpu_s: float  # its CPU time
     reference: Path  # its run directory
 
 
@@ -149,11 +185,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     try:
         s = Setup(worker, tmp, data, [], 0.0, tmp / "runs" / "reference")
         events = tmp / "events.json"
-        start = time.monotonic()
-        status = worker.run(request(s, s.reference, tmp / "reference.log", events=str(events)))
-        s.seconds = time.monotonic() - start
-        assert status == 0, (tmp / "reference.log").read_text()
-        s.events = json.loads(events.read_text())
+        out = worker.run(request(s, s.reference, tmp / "reference.log", events=str(events)))
+        assert out.ok, f"the uninterrupted run {out}"
+        s.cpu_s, s.events = out.cpu_s, json.loads(events.read_text())
         yield s
     finally:
         worker.close()
@@ -206,64 +240,105 @@ def test_forked_runs_train_like_a_fresh_interpreter(setup: Setup) -> None:
     assert sum("checkpoints/" in e for e in setup.events) >= STEPS // 2 * 4
 
 
+def stale_temp_files(run_dir: Path) -> list[str]:
+    return sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*.tmp"))
+
+
 @pytest.mark.parametrize("trial", range(N_TRIALS))
 def test_killed_and_resumed_run_matches_the_uninterrupted_one(setup: Setup, trial: int) -> None:
     rng = random.Random(SEED + trial)
     kind = KINDS[trial % len(KINDS)]
     run_dir = setup.tmp / "runs" / f"trial{trial}"
     points = [e for e in setup.events if kind != "checkpoint-write" or "checkpoints/" in e]
-    history = []
+    history: list[str] = []
     for attempt in range(rng.randint(1, 3)):
         log = setup.tmp / f"trial{trial}-{attempt}.log"
         extra = ["--resume"] if attempt else []
         if kind == "timed":
-            delay = rng.uniform(0.0, 0.8 * setup.seconds)
-            status = setup.worker.run(request(setup, run_dir, log, *extra), kill_after=delay)
-            while attempt == 0 and status == 0:  # it ran faster than the reference: kill sooner
+            delay = rng.uniform(0.0, 0.75 * setup.cpu_s)  # the reference paid cold caches
+            out = setup.worker.run(request(setup, run_dir, log, *extra, cpu_kill_after=delay))
+            for _ in range(3):  # the first run finished before the kill: kill it sooner
+                if attempt or not out.ok:
+                    break
+                history.append(f"timed kill after {delay:.3f} s of CPU: finished first")
                 shutil.rmtree(run_dir)
                 delay /= 2
-                status = setup.worker.run(request(setup, run_dir, log), kill_after=delay)
-            point = f"after {delay:.2f} s"
+                out = setup.worker.run(request(setup, run_dir, log, cpu_kill_after=delay))
+            point = f"after {delay:.3f} s of CPU"
         else:
             k = rng.randint(1, math.ceil(len(points) * 0.6))  # resumed runs do fewer operations
             only = "checkpoints" if kind == "checkpoint-write" else None
-            status = setup.worker.run(request(setup, run_dir, log, *extra, kill_at=k, only=only))
+            out = setup.worker.run(request(setup, run_dir, log, *extra, kill_at=k, only=only))
             point = f"at operation {k}"
-        history.append(f"{kind} kill {point}: {'killed' if status is None else status}")
-        assert status in (None, 0), f"{history}: {log.read_text()}"
+            if attempt == 0:  # a fresh run does every operation the reference did: always killed
+                assert out.killed, f"{history}: the run was not killed at operation {k}: {out}"
+        history.append(f"{kind} kill {point}: {'killed' if out.killed else 'finished'}")
+        assert out.killed or out.ok, f"{history}: the run {out}"
         step = check_checkpoints(run_dir)
         history[-1] += f", newest checkpoint at step {step}"
-        if status == 0:
+        if out.ok:
             break
-    assert "killed" in history[0], f"the first run was not killed: {history}"
+    stale = stale_temp_files(run_dir)
     log = setup.tmp / f"trial{trial}-resume.log"
-    status = setup.worker.run(request(setup, run_dir, log, "--resume"))
-    assert status == 0, f"{history}: {log.read_text()}"
-    assert check_checkpoints(run_dir) == STEPS
+    out = setup.worker.run(request(setup, run_dir, log, "--resume"))
+    assert out.ok, f"{history}: the final resume {out}"
+    assert check_checkpoints(run_dir) == STEPS, history
     reference = weights(setup.reference)
     for key, value in weights(run_dir).items():
         assert torch.equal(value, reference[key]), f"{history}: {key} differs"
     assert metrics(run_dir) == metrics(setup.reference), history
-    stale = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*.tmp"))
-    print(f"trial {trial}: {'; '.join(history)}; stale temporary files: {stale}")
+    assert stale_temp_files(run_dir) == [], f"{history}: left after the resume"
+    print(f"trial {trial}: {'; '.join(history)}; temporary files the resume removed: {stale}")
 
 
 @pytest.mark.parametrize("name", ["tokenizer.json", "train_config.json", "metrics.jsonl"])
 def test_a_resume_killed_while_rewriting_a_run_file_resumes_again(setup: Setup, name: str) -> None:
-    """A resume rewrites the run's plain files first (the tokenizer, the settings, the metrics
-    cut back to the checkpoint's step); a kill tearing one of them must not break the next
-    resume nor lose a metric."""
+    """A resume rewrites the run's files first (the tokenizer and the settings, atomically; the
+    metrics cut back to the checkpoint's step, through a temporary file); a kill tearing the
+    write (the temporary file) must not break the next resume, lose a metric, or leave the
+    temporary file behind."""
     run_dir = setup.tmp / "runs" / f"torn-{name}"
     moves = [i for i, e in enumerate(setup.events) if e == "replace-after checkpoints/latest"]
     k = moves[1] + 2  # just after the second checkpoint (step 4) is complete
-    first = request(setup, run_dir, setup.tmp / f"torn-{name}-0.log", kill_at=k)
-    assert setup.worker.run(first) is None
+    first = setup.worker.run(request(setup, run_dir, setup.tmp / f"torn-{name}-0.log", kill_at=k))
+    assert first.killed, f"the first run {first}"
     assert check_checkpoints(run_dir) == 4
     log = setup.tmp / f"torn-{name}-1.log"
-    assert setup.worker.run(request(setup, run_dir, log, "--resume", kill_at=1, only=name)) is None
+    torn = setup.worker.run(request(setup, run_dir, log, "--resume", kill_at=1, only=name))
+    assert torn.killed, f"the resume that writes {name} {torn}"
+    stale = stale_temp_files(run_dir)  # the kill tore the temporary file, not the run's file
+    assert len(stale) == 1 and stale[0].startswith(f".{name}."), stale
+    if name != "metrics.jsonl":
+        json.loads((run_dir / name).read_text(encoding="utf-8"))  # the old file, whole
     log = setup.tmp / f"torn-{name}-2.log"
-    assert setup.worker.run(request(setup, run_dir, log, "--resume")) == 0, log.read_text()
+    out = setup.worker.run(request(setup, run_dir, log, "--resume"))
+    assert out.ok, f"the second resume {out}"
     reference = weights(setup.reference)
     for key, value in weights(run_dir).items():
         assert torch.equal(value, reference[key]), key
     assert metrics(run_dir) == metrics(setup.reference)
+    assert stale_temp_files(run_dir) == []
+
+
+def test_atomic_write_keeps_the_old_file_on_failure_and_stale_temp_files_are_recognised(
+    tmp_path: Path,
+) -> None:
+    """The helpers the run's files go through: a failed write leaves the old file and no
+    temporary file; the clean-up removes only attnlab's temporary names (``.NAME.XXXXXXXX.tmp``,
+    from ``tempfile.mkstemp``), in sub-directories too."""
+    file = tmp_path / "train_config.json"
+    atomic_write_text(file, "old\n")
+    with pytest.raises(TypeError):
+        atomic_write_text(file, 3)  # type: ignore[arg-type]  # fails inside the write
+    assert file.read_text() == "old\n" and stale_temp_files(tmp_path) == []
+    step = tmp_path / "checkpoints" / "step_00000002"
+    step.mkdir(parents=True)
+    ours = [step / ".model.safetensors.k2j9_x1a.tmp", tmp_path / ".tokenizer.json.AbC123_z.tmp"]
+    others = [tmp_path / "notes.tmp", step / ".model.safetensors.tmp", tmp_path / ".a.b.tmp",
+              step / "model.safetensors", tmp_path / ".x.123456789.tmp"]  # fmt: skip
+    for f in ours + others:
+        f.write_text("x")
+    assert remove_stale_temp_files(tmp_path / "checkpoints") == [ours[0]]
+    assert remove_stale_temp_files(tmp_path, recursive=False) == [ours[1]]
+    assert all(f.is_file() for f in others) and not any(f.exists() for f in ours)
+    assert remove_stale_temp_files(tmp_path / "missing") == []

@@ -203,6 +203,69 @@ def test_train_checks_memory_unless_told_not_to(
     assert (tmp_path / "forced" / "checkpoints" / "latest").is_file()
 
 
+@pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # torchrun's error recorder
+def test_train_under_torchrun_estimates_one_process_share_of_the_batch(
+    tmp_path: Path,
+    corpus: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each of torchrun's processes computes batch_size / world_size sequences of a micro-batch
+    (the check runs before any process group is joined)."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    argv = ["train", "shakespeare-char", f"--data={corpus}", *HUGE, "--runs-dir", str(tmp_path)]
+    status, err = run_cli(argv, capsys)
+    assert status == 2 and "(float32, Adam, batch 3 x 64 tokens) needs an estimated" in err, err
+    monkeypatch.setenv("WORLD_SIZE", "5")  # 12 sequences do not split over 5 processes
+    status, err = run_cli(argv, capsys)
+    assert status == 2 and "not divisible by the world size 5" in err, err
+
+
+REVERSE_TINY = ["--vocab", "12", "--min-len", "2", "--max-len", "4", "--eval-size", "4",
+                "--d-model", "16", "--layers", "1", "--heads", "2", "--d-ff", "32", "--steps",
+                "2", "--warmup", "1", "--batch-size", "4", "--no-progress"]  # fmt: skip
+REVERSE_HUGE = ["--d-model", "65536", "--heads", "512", "--layers", "512", "--d-ff", "262144"]
+
+
+def test_train_reverse_checks_memory_unless_told_not_to(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "reverse"
+    status, err = run_cli(["train", "reverse", *REVERSE_HUGE, "--out", str(out)], capsys)
+    assert status == 2, err
+    assert "training TransformerConfig (float32, Adam, batch 128 x 17 tokens) needs" in err
+    assert "TiB (weights" in err and "--ignore-memory-check" in err
+    assert not out.exists()
+    fake_available(monkeypatch, 1024)
+    status, err = run_cli(["train", "reverse", *REVERSE_TINY, "--out", str(out)], capsys)
+    assert status == 2 and "more than the 1.00 KiB of memory available" in err, err
+    argv = ["train", "reverse", *REVERSE_TINY, "--out", str(out), "--ignore-memory-check"]
+    assert run_cli(argv, capsys)[0] == 0
+    assert (out / "model.safetensors").is_file()
+
+
+def test_train_translate_checks_memory_before_reading_data(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing, out = tmp_path / "no-data", tmp_path / "run"
+    argv = ["train", "translate", "--data", str(missing), "--out", str(out), "--d-model", "65536",
+            "--n-heads", "512", "--n-layers", "512", "--d-ff", "262144"]  # fmt: skip
+    status, err = run_cli(argv, capsys)
+    assert status == 2, err
+    # max_tokens 2048 as sequences of max_len 128
+    assert "training TransformerConfig (float32, Adam, batch 16 x 128 tokens) needs" in err
+    assert "TiB (weights" in err and "--ignore-memory-check" in err
+    assert not out.exists()
+    fake_available(monkeypatch, 1024)
+    tiny = ["train", "translate", "--data", str(missing), "--out", str(out), "--d-model", "16",
+            "--n-heads", "2", "--n-layers", "1", "--d-ff", "32", "--vocab-size", "300"]  # fmt: skip
+    status, err = run_cli(tiny, capsys)
+    assert status == 2 and "more than the 1.00 KiB of memory available" in err, err
+    status, err = run_cli([*tiny, "--ignore-memory-check"], capsys)  # on to the data: missing
+    assert status == 2 and "memory available" not in err and str(missing) in err, err
+
+
 def test_generate_checks_memory_unless_told_not_to(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

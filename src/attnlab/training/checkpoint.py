@@ -10,6 +10,10 @@ Writes are atomic per file: each file is written to a temporary file in the same
 fsync-ed, and moved over the old one with ``os.replace``. Both temporary files are complete before
 either replacement, so a failed write leaves the previous checkpoint untouched and no temporary
 files behind.
+The same write serves the other files of a run (:func:`atomic_write`, :func:`atomic_write_text`:
+the run's settings, its tokenizer). A process *killed* mid-write leaves its temporary file
+(``.NAME.XXXXXXXX.tmp``) behind; :func:`remove_stale_temp_files` deletes such files (a resume
+does, before it writes anything).
 
 A sharded or wrapped model (FSDP, DDP) is saved from its *full* state dict, gathered by
 :mod:`attnlab.training.distributed`: ``save_checkpoint(model, path, state_dict=full)``. Tied
@@ -23,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +57,65 @@ def _write_temp(directory: Path, name: str, write: Callable[[str], None]) -> Pat
             os.unlink(tmp)
         raise
     return Path(tmp)
+
+
+# the names of :func:`_write_temp`'s files: "." + the target's name + "." + mkstemp's 8 random
+# characters + ".tmp" (e.g. ".model.safetensors.k2j9_x1a.tmp")
+_TEMP_NAME = re.compile(r"\.(?P<target>.+)\.[A-Za-z0-9_]{8}\.tmp")
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> Path:
+    """Write the file ``path`` atomically: ``write(tmp)`` fills a temporary file in the same
+    directory, which is fsync-ed and moved over ``path`` (``os.replace``; the directory is then
+    fsync-ed). A process killed at any point leaves the old file or the new one, never a torn
+    one (at worst a stale temporary file, see :func:`remove_stale_temp_files`).
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    target = Path(path)
+    tmp = _write_temp(target.parent, target.name, write)
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(target.parent)
+    return target
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """:func:`atomic_write` of ``text`` (UTF-8)."""
+
+    def write(tmp: str) -> None:
+        Path(tmp).write_text(text, encoding="utf-8")
+
+    return atomic_write(path, write)
+
+
+def remove_stale_temp_files(
+    directory: str | os.PathLike[str], *, recursive: bool = True
+) -> list[Path]:
+    """Delete the temporary files an interrupted atomic write left in ``directory`` (and, with
+    ``recursive``, in its sub-directories): only names of the form :func:`atomic_write` and the
+    checkpoint writers create (``.NAME.XXXXXXXX.tmp``); anything else is left alone.
+
+    Call it only when no other process writes there (a resuming run, before it writes).
+
+    Returns:
+        The files removed (a missing ``directory`` gives ``[]``).
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    candidates = root.rglob(".*.tmp") if recursive else root.glob(".*.tmp")
+    removed = []
+    for file in sorted(candidates):
+        if _TEMP_NAME.fullmatch(file.name) and file.is_file() and not file.is_symlink():
+            with contextlib.suppress(FileNotFoundError):
+                file.unlink()
+                removed.append(file)
+    return removed
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -188,8 +252,11 @@ def load_checkpoint(
 __all__ = [
     "CONFIG_NAME",
     "WEIGHTS_NAME",
+    "atomic_write",
+    "atomic_write_text",
     "load_checkpoint",
     "load_config",
+    "remove_stale_temp_files",
     "save_checkpoint",
     "tied_parameter_names",
     "with_tied_names",

@@ -37,6 +37,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from attnlab.analysis.memory_check import IGNORE_FLAG, check_training_fits
 from attnlab.training.config import TrainConfig
 from attnlab.training.distributed import (
+    _env_int,
     init_distributed,
     launched_by_torchrun,
     shutdown_distributed,
@@ -197,7 +198,12 @@ def _run_recipe(args: argparse.Namespace) -> int:
 
 
 def _check_memory(model_config: Any, train: TrainConfig) -> None:
-    check_training_fits(model_config, train.batch_size)
+    """Refuse a run whose estimate exceeds the available memory: under torchrun each process
+    computes its slice of every micro-batch, so the activations are those of
+    ``train.per_rank_batch_size(world_size)`` sequences (raises ``ValueError`` when the world
+    size does not divide the batch)."""
+    world_size = _env_int("WORLD_SIZE", 1) if launched_by_torchrun() else 1
+    check_training_fits(model_config, train.per_rank_batch_size(world_size))
 
 
 # settings a resumed run may change (checkpoints load into any world size, DDP or FSDP)

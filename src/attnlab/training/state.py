@@ -22,8 +22,9 @@ layers.0.ffn.up_proj.weight/exp_avg``).
 
 Atomicity: a checkpoint is written into its own new directory (every file through a temporary
 file, fsync and ``os.replace``), and only then is ``latest`` replaced, the same way. A process
-killed at any point leaves ``latest`` naming the previous, complete checkpoint. Older
-checkpoints beyond ``keep`` are deleted after the pointer moves.
+killed at any point leaves ``latest`` naming the previous, complete checkpoint (and possibly
+temporary files, which :meth:`attnlab.training.Trainer.resume` removes). Older checkpoints beyond
+``keep`` are deleted after the pointer moves.
 """
 
 from __future__ import annotations

@@ -85,8 +85,11 @@ class CharTokenizer:
         return self._stoi[token]
 
     def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the tokenizer as JSON to ``path`` (atomically: temporary file, fsync, rename)."""
+        from attnlab.training.checkpoint import atomic_write_text
+
         data = {"type": "char", "chars": self.chars, "specials": self.specials}
-        Path(path).write_text(json.dumps(data, ensure_ascii=False) + "\n", encoding="utf-8")
+        atomic_write_text(path, json.dumps(data, ensure_ascii=False) + "\n")
 
 
 class BPETokenizer:
@@ -149,7 +152,11 @@ class BPETokenizer:
         return int(i)
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        self._tok.save(str(path))  # type: ignore[attr-defined]
+        """Write the ``tokenizers``-library JSON to ``path`` (atomically: temporary file, fsync,
+        rename)."""
+        from attnlab.training.checkpoint import atomic_write
+
+        atomic_write(path, lambda tmp: self._tok.save(tmp))  # type: ignore[attr-defined]
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> CharTokenizer | BPETokenizer:

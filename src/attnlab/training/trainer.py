@@ -32,7 +32,12 @@ from safetensors.torch import load_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from attnlab.training.checkpoint import WEIGHTS_NAME, with_tied_names
+from attnlab.training.checkpoint import (
+    WEIGHTS_NAME,
+    atomic_write_text,
+    remove_stale_temp_files,
+    with_tied_names,
+)
 from attnlab.training.config import TrainConfig
 from attnlab.training.data import shard_batch
 from attnlab.training.distributed import (
@@ -57,6 +62,7 @@ from attnlab.training.metrics import MetricsLogger
 from attnlab.training.objectives import Objective
 from attnlab.training.optim import build_optimizer, build_scheduler
 from attnlab.training.state import (
+    CHECKPOINTS_DIR,
     checkpoint_path,
     latest_checkpoint,
     read_training_state,
@@ -262,6 +268,9 @@ class Trainer:
         """
         found = None
         if self.dist.is_main and self.run_dir is not None:
+            # temporary files of writes a kill interrupted (never used: nothing else writes here)
+            remove_stale_temp_files(self.run_dir / CHECKPOINTS_DIR)
+            remove_stale_temp_files(self.run_dir, recursive=False)
             found = latest_checkpoint(self.run_dir)
         if not any_rank(found is not None, self.dist):
             return False
@@ -280,7 +289,7 @@ class Trainer:
             raise ValueError("the trainer has no run directory to write its config to")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         data = {"train": self.config.to_dict(), **self.extra_config}
-        (self.run_dir / "train_config.json").write_text(json.dumps(data, indent=2) + "\n")
+        atomic_write_text(self.run_dir / "train_config.json", json.dumps(data, indent=2) + "\n")
 
     # -- the loop --------------------------------------------------------------------------
 

@@ -93,6 +93,9 @@ def add_translate_parsers(tasks: Any, commands: Any) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--no-label-smoothing", action="store_true", help="same as --label-smoothing 0")
+    p.add_argument(
+        "--ignore-memory-check", action="store_true", help="train even if the estimate exceeds RAM"
+    )
     defaults = {"max_minutes": 90.0}  # the budget; the library has no default budget
     for f in dataclasses.fields(TranslateConfig):
         if f.name in _HELP:
@@ -145,6 +148,12 @@ def run_train_translate(args: argparse.Namespace) -> int:
         config = TranslateConfig(
             src=args.src, tgt=args.tgt, progress=not args.no_progress, **values
         )
+        if not args.ignore_memory_check:  # before any data is read; a MemoryLimitError exits 2
+            from attnlab.analysis.memory_check import check_training_fits
+
+            # the largest batch: max_tokens padded tokens as sequences of the full length
+            batch = max(1, config.max_tokens // config.max_len)
+            check_training_fits(config.model_config(config.vocab_size), batch)
         command = "attnlab " + " ".join(sys.argv[1:]) if sys.argv else ""
         run = train_translation(
             config, args.data, out, resume=args.resume, extra={"command": command}
