@@ -1,28 +1,35 @@
-"""Generation speed: attnlab (with / without KV cache) vs transformers' ``generate`` (issue 6).
+"""Generation speed: attnlab (with / without KV cache) vs transformers' ``generate`` (issues 6, 13).
 
 Same process, same random weights (a Hugging Face GPT-2 with random init, saved and loaded with
 :func:`attnlab.from_pretrained`), same prompts, greedy decoding with EOS switched off so every
-run produces exactly the requested tokens. Two measurements:
+run produces exactly the requested tokens; the implementations take turns (A B C, B C A, ...) so
+that a slow spell of a shared machine hits each alike. Three measurements:
 
-- throughput: tokens/s = batch · new tokens / wall time (prefill included), for each batch size,
-  a 32-token prompt and 256 new tokens; attnlab without a cache recomputes the whole prefix each
-  step, so it is run for ``--uncached-new-tokens`` (default 64) tokens only (its tokens/s falls
-  as the sequence grows; the number is reported with the length it was measured at);
-- per-token latency at a context of 32 and 1,000 tokens: ``(t(prompt, 1 + k new) - t(prompt, 1
-  new)) / k``, i.e. the time of one decode step with that many tokens in the cache.
+- throughput: tokens/s = batch · new tokens / wall time of one ``generate`` call (prefill
+  included), for each batch size, a 32-token prompt and 256 new tokens; attnlab without a cache
+  recomputes the whole prefix each step, so it runs ``--uncached-new-tokens`` (default 64) only
+  (its tokens/s falls as the sequence grows; the number is reported with its length);
+- per-token latency at a context of 32 and 1,000 tokens (batch 1): the wall time between
+  consecutive tokens while decoding after a prompt of that length (attnlab's
+  :func:`attnlab.generation.stream`, transformers' ``streamer`` hook), median over the steps
+  of every round, the first step (the prefill) left out;
+- the batch-1 floor: decoding one token reads every weight once, so per-token time cannot beat
+  weight bytes / memory bandwidth, with the bandwidth measured here as a 256 MiB tensor copy
+  (bytes read + written per second; ``torch.Tensor.copy_``).
 
 Models: ``gpt2-small`` shapes (124M) and a small preset (``gpt-char-baby``: d_model 128, 4
-layers, vocabulary 256; its context raised to 1,024 so the long-context case fits). Timings are
-medians of ``--repeats`` runs after a warm-up; the tokens of attnlab and transformers are checked
-to be identical. Results: ``benchmarks/results/generation.{md,json}``.
+layers, vocabulary 256; its context raised to 1,024 so the long-context case fits). The tokens of
+attnlab and transformers are checked to be identical. Results:
+``benchmarks/results/generation.{md,json}``.
 
-    python benchmarks/generation.py                       # the full run (several minutes)
-    python benchmarks/generation.py --quick               # a short look (seconds to a minute)
+    python benchmarks/generation.py            # the full run (~8-10 min on 2 cores)
+    python benchmarks/generation.py --quick    # a short look (~1-2 min)
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -36,12 +43,14 @@ import torch
 
 import attnlab
 from attnlab.analysis.attention_bench import machine_info
+from attnlab.generation import stream
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MODELS: dict[str, dict[str, int]] = {
+MODELS: dict[str, dict[str, Any]] = {
     "gpt2-small": dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257),
     "gpt-char-baby": dict(n_embd=128, n_layer=4, n_head=4, vocab_size=256),
 }
+CACHED, UNCACHED, HF = "attnlab (cache)", "attnlab (no cache)", "transformers"
 
 
 def build_pair(name: str, directory: Path) -> tuple[Any, Any]:
@@ -58,63 +67,128 @@ def build_pair(name: str, directory: Path) -> tuple[Any, Any]:
     return hf, attnlab.from_pretrained(directory)
 
 
-def median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    fn()  # warm-up
-    times, out = [], None
+def copy_bandwidth(mib: int = 256, repeats: int = 5) -> float:
+    """GB/s moved (read + write) by copying a ``mib`` MiB float32 tensor, median of ``repeats``."""
+    src = torch.randn(mib * 2**20 // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        out = fn()
+        dst.copy_(src)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+    return 2 * src.nbytes / statistics.median(times) / 1e9
 
 
-def runners(hf: Any, ours: Any) -> dict[str, Callable[[torch.Tensor, int], torch.Tensor]]:
-    def hf_run(ids: torch.Tensor, n: int) -> torch.Tensor:
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of every parameter, each shared (tied) tensor once: what one decoded token reads."""
+    unique = {p.data_ptr(): p for p in model.parameters()}
+    return sum(p.numel() * p.element_size() for p in unique.values())
+
+
+class _StepClock:
+    """A transformers streamer that records when each token arrives (``put`` per step)."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        self.stamps.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+Run = Callable[[torch.Tensor, int], torch.Tensor]  # (prompt ids (B, P), new tokens) -> (B, N)
+StepTimes = Callable[[torch.Tensor, int], list[float]]  # -> seconds per decode step
+
+
+def implementations(hf: Any, ours: Any) -> dict[str, tuple[Run, StepTimes]]:
+    """Each implementation as (a generate call, a per-step timer)."""
+
+    def hf_run(ids: torch.Tensor, n: int, streamer: Any = None) -> torch.Tensor:
         with torch.inference_mode():
             out = hf.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                do_sample=False,
+                streamer=streamer,
             )
         return out[:, ids.shape[1] :]
 
+    def hf_steps(ids: torch.Tensor, n: int) -> list[float]:
+        clock = _StepClock()
+        hf_run(ids, n, clock)
+        # stamps: the prompt, then one per new token; the first token comes from the prefill.
+        return [b - a for a, b in itertools.pairwise(clock.stamps[1:])]
+
+    def ours_steps(use_cache: bool) -> StepTimes:
+        def steps(ids: torch.Tensor, n: int) -> list[float]:
+            it = stream(ours, ids, max_new_tokens=n, eos_id=(), use_cache=use_cache)
+            next(it)  # the prefill's token
+            stamps = [time.perf_counter()]
+            for _ in it:
+                stamps.append(time.perf_counter())
+            return [b - a for a, b in itertools.pairwise(stamps)]
+
+        return steps
+
+    def ours_run(use_cache: bool) -> Run:
+        return lambda ids, n: attnlab.generate(
+            ours, ids, max_new_tokens=n, eos_id=(), use_cache=use_cache
+        )
+
     return {
-        "attnlab (cache)": lambda ids, n: attnlab.generate(ours, ids, max_new_tokens=n, eos_id=()),
-        "attnlab (no cache)": lambda ids, n: attnlab.generate(
-            ours, ids, max_new_tokens=n, eos_id=(), use_cache=False
-        ),
-        "transformers": hf_run,
+        CACHED: (ours_run(True), ours_steps(True)),
+        UNCACHED: (ours_run(False), ours_steps(False)),
+        HF: (hf_run, hf_steps),
     }
 
 
+def _rotations(labels: list[str], rounds: int) -> list[list[str]]:
+    return [labels[r % len(labels) :] + labels[: r % len(labels)] for r in range(rounds)]
+
+
 def throughput(
-    run: dict[str, Callable[..., torch.Tensor]], ids: torch.Tensor, args: argparse.Namespace
+    impls: dict[str, tuple[Run, StepTimes]], ids: torch.Tensor, args: argparse.Namespace
 ) -> dict[str, Any]:
+    """tokens/s of one ``generate`` call per implementation (interleaved rounds, medians)."""
+    tokens = {
+        label: args.uncached_new_tokens if label == UNCACHED else args.new_tokens for label in impls
+    }
+    labels = [label for label in impls if tokens[label] > 0]
+    outputs = {label: impls[label][0](ids, 2) for label in labels}  # warm-up
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    for order in _rotations(labels, args.repeats):
+        for label in order:
+            t0 = time.perf_counter()
+            outputs[label] = impls[label][0](ids, tokens[label])
+            times[label].append(time.perf_counter() - t0)
     row: dict[str, Any] = {}
-    outputs = {}
-    for label, fn in run.items():
-        n = args.uncached_new_tokens if "no cache" in label else args.new_tokens
-        if n <= 0:
-            continue
-        t, out = median_time(lambda fn=fn, n=n: fn(ids, n), args.repeats)
-        outputs[label] = out
+    for label in labels:
+        t = statistics.median(times[label])
+        n = tokens[label]
         row[label] = {"new_tokens": n, "seconds": t, "tokens_per_s": ids.shape[0] * n / t}
-    if "transformers" in outputs:
-        row["same_tokens"] = bool(torch.equal(outputs["attnlab (cache)"], outputs["transformers"]))
+    if CACHED in outputs and HF in outputs:
+        row["same_tokens"] = bool(torch.equal(outputs[CACHED], outputs[HF]))
     return row
 
 
 def latency(
-    run: dict[str, Callable[..., torch.Tensor]], vocab: int, context: int, args: argparse.Namespace
-) -> dict[str, float]:
+    impls: dict[str, tuple[Run, StepTimes]], vocab: int, context: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """ms per decode step after a ``context``-token prompt, batch 1 (median over all steps)."""
     ids = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(1))
-    k = args.latency_steps
-    row = {}
-    for label, fn in run.items():
-        if "no cache" in label and context > args.uncached_max_context:
-            continue
-        t1, _ = median_time(lambda fn=fn: fn(ids, 1), args.repeats)
-        tk, _ = median_time(lambda fn=fn: fn(ids, 1 + k), args.repeats)
-        row[label] = max(tk - t1, 0.0) / k * 1e3  # ms per decode step
-    return row
+    labels = [
+        label for label in impls if not (label == UNCACHED and context > args.uncached_max_context)
+    ]
+    steps: dict[str, list[float]] = {label: [] for label in labels}
+    for order in _rotations(labels, args.repeats):
+        for label in order:
+            n = args.uncached_latency_steps if label == UNCACHED else args.latency_steps
+            steps[label] += impls[label][1](ids, n + 1)
+    return {label: statistics.median(s) * 1e3 for label, s in steps.items() if s}
 
 
 def format_markdown(results: dict[str, Any]) -> str:
@@ -125,16 +199,17 @@ def format_markdown(results: dict[str, Any]) -> str:
         f"`{meta['command']}` on {meta['platform']} ({meta['processor']}, {meta['cpu_count']} "
         f"CPUs, {meta['threads']} torch threads), torch {meta['torch']}, transformers "
         f"{meta['transformers']}, {meta['date_utc']}. Greedy, random weights, EOS off, "
-        f"{meta['prompt_len']}-token prompts, medians of {meta['repeats']} runs.",
+        f"{meta['prompt_len']}-token prompts, medians of {meta['repeats']} interleaved rounds. "
+        f"Memory copy (256 MiB, read + write): {meta['copy_gb_s']:.1f} GB/s.",
         "",
-        "## Throughput (tokens/s)",
+        "## Throughput (tokens/s, prefill included)",
         "",
         "| model | batch | attnlab cache | attnlab no cache | transformers | cache / transformers "
         "| cache / no cache | same tokens |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in results["throughput"]:
-        c, u, h = (r.get(k, {}) for k in ("attnlab (cache)", "attnlab (no cache)", "transformers"))
+        c, u, h = (r.get(k, {}) for k in (CACHED, UNCACHED, HF))
 
         def cell(x: dict[str, Any]) -> str:
             return f"{x['tokens_per_s']:.1f} ({x['new_tokens']} new)" if x else "-"
@@ -149,15 +224,23 @@ def format_markdown(results: dict[str, Any]) -> str:
         "",
         "## Per-token latency (ms per decode step, batch 1)",
         "",
-        "| model | context | attnlab cache | attnlab no cache | transformers |",
-        "|---|---|---|---|---|",
+        "Floor: weight bytes (each tied tensor once) / copy bandwidth, the time to read every "
+        "weight once.",
+        "",
+        "| model | context | attnlab cache | attnlab no cache | transformers | transformers / "
+        "attnlab | floor | attnlab / floor |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results["latency"]:
-        cells = [
-            f"{r[k]:.2f}" if k in r else "-"
-            for k in ("attnlab (cache)", "attnlab (no cache)", "transformers")
-        ]
-        lines.append(f"| {r['model']} | {r['context']} | " + " | ".join(cells) + " |")
+        cells = [f"{r[k]:.2f}" if k in r else "-" for k in (CACHED, UNCACHED, HF)]
+        speedup = f"{r[HF] / r[CACHED]:.2f}x" if HF in r and CACHED in r else "-"
+        floor = results["floor_ms"][r["model"]]
+        lines.append(
+            f"| {r['model']} | {r['context']} | " + " | ".join(cells) + f" | {speedup} | "
+            f"{floor:.2f} | {r[CACHED] / floor:.2f} |"
+        )
+    lines += ["", "Weights read per token:"]
+    lines += [f"- {k}: {v / 1e6:.1f} MB" for k, v in results["weight_bytes"].items()]
     return "\n".join(lines) + "\n"
 
 
@@ -170,10 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--uncached-new-tokens", type=int, default=64, help="0: skip")
     parser.add_argument("--uncached-max-context", type=int, default=1000)
     parser.add_argument("--contexts", default="32,1000", help="per-token latency contexts")
-    parser.add_argument("--latency-steps", type=int, default=32)
+    parser.add_argument("--latency-steps", type=int, default=16)
+    parser.add_argument("--uncached-latency-steps", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
-    parser.add_argument("--quick", action="store_true", help="32 new tokens, 1 repeat, small")
+    parser.add_argument("--quick", action="store_true", help="32 new tokens, 1 round")
     parser.add_argument("--json", default=str(RESULTS / "generation.json"))
     parser.add_argument("--markdown", default=str(RESULTS / "generation.md"))
     args = parser.parse_args(argv)
@@ -189,21 +273,30 @@ def main(argv: list[str] | None = None) -> int:
         "threads": torch.get_num_threads(),
         "prompt_len": args.prompt_len,
         "repeats": args.repeats,
+        "copy_gb_s": copy_bandwidth(),
     }
-    results: dict[str, Any] = {"meta": meta, "throughput": [], "latency": []}
+    results: dict[str, Any] = {
+        "meta": meta,
+        "throughput": [],
+        "latency": [],
+        "weight_bytes": {},
+        "floor_ms": {},
+    }
     for name in args.models.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             hf, ours = build_pair(name, Path(tmp))
-        run = runners(hf, ours)
+        results["weight_bytes"][name] = weight_bytes(ours)
+        results["floor_ms"][name] = weight_bytes(ours) / (meta["copy_gb_s"] * 1e9) * 1e3
+        impls = implementations(hf, ours)
         vocab = MODELS[name]["vocab_size"]
         for batch in map(int, args.batch_sizes.split(",")):
             g = torch.Generator().manual_seed(0)
             ids = torch.randint(0, vocab, (batch, args.prompt_len), generator=g)
-            row = {"model": name, "batch": batch, **throughput(run, ids, args)}
+            row = {"model": name, "batch": batch, **throughput(impls, ids, args)}
             results["throughput"].append(row)
             print(json.dumps(row), flush=True)
         for context in map(int, args.contexts.split(",")):
-            lat = {"model": name, "context": context, **latency(run, vocab, context, args)}
+            lat = {"model": name, "context": context, **latency(impls, vocab, context, args)}
             results["latency"].append(lat)
             print(json.dumps(lat), flush=True)
     markdown = format_markdown(results)

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.generation.beam import LengthNorm, beam_search
+from attnlab.generation.layout import decode_layout
 from attnlab.generation.processors import LogitsProcessor, build_processors, select_tokens
 from attnlab.generation.prompts import PromptInput
 from attnlab.generation.request import (
@@ -144,7 +145,8 @@ def _steps(
 ) -> Iterator[StepOutput]:
     """The decoding loop. Grad mode is switched off per step, not across ``yield``."""
     model, eos, pad = request.model, request.eos, request.pad_id
-    with eval_mode(model):
+    rows = request.prompts.batch_size * num_return_sequences
+    with eval_mode(model), decode_layout(model, rows):
         with torch.inference_mode():
             session = open_session(request, use_cache=use_cache)
             logits = session.prefill()  # (B, V)

@@ -7,6 +7,11 @@ The h per-head projections are one ``(E, H·D)`` linear each (``q_proj``, ``k_pr
 reshaped into heads; ``out_proj`` is W^O. With ``n_kv_heads < n_heads`` several query heads share
 one key/value head (GQA; ``n_kv_heads=1`` is multi-query attention).
 
+While decoding one or two rows, :attr:`MultiHeadAttention.decode_qkv` may hold W^Q, W^K, W^V stacked
+in one input-major matrix (:class:`~attnlab.layers.linear.DecodeWeight`, set by
+:func:`attnlab.generation.layout.decode_layout`): self-attention then projects with one
+matrix-vector product instead of three, the faster kernel on CPU. Training never uses it.
+
 Shapes: B batch, T queries, S keys, E d_model, H heads, H_kv kv heads, D = E / H head dim.
 Masks: bool True = may attend, float additive, broadcastable to (B, H, T, S); a 2-D mask is
 ``(T, S)`` (shared by the batch), so per-sequence key padding must be passed as ``(B, 1, 1, S)``
@@ -17,11 +22,13 @@ from __future__ import annotations
 
 from typing import cast
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.layers.attention import scaled_dot_product_attention
 from attnlab.layers.attention_backends import AttentionBackend, get_attention_backend
 from attnlab.layers.kv_cache import CrossKVCache, LayerKVCache, positions_for
+from attnlab.layers.linear import DecodeWeight, Linear
 from attnlab.layers.masks import combine_masks
 from attnlab.layers.positional import PositionalEncoding
 
@@ -69,15 +76,48 @@ class MultiHeadAttention(nn.Module):
             backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")
         )
         self.backend = get_attention_backend(backend)
-        self.q_proj = nn.Linear(d_model, n_heads * self.d_head, bias=bias)
-        self.k_proj = nn.Linear(d_model, n_kv_heads * self.d_head, bias=bias)
-        self.v_proj = nn.Linear(d_model, n_kv_heads * self.d_head, bias=bias)
-        self.out_proj = nn.Linear(n_heads * self.d_head, d_model, bias=bias)
+        self.q_proj = Linear(d_model, n_heads * self.d_head, bias=bias)
+        self.k_proj = Linear(d_model, n_kv_heads * self.d_head, bias=bias)
+        self.v_proj = Linear(d_model, n_kv_heads * self.d_head, bias=bias)
+        self.out_proj = Linear(n_heads * self.d_head, d_model, bias=bias)
         self.rotary = rotary
+        self.decode_qkv: DecodeWeight | None = None  # q/k/v stacked, only while decoding
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         B, L, _ = x.shape
         return x.view(B, L, n, self.d_head).transpose(1, 2)  # (B, n, L, D)
+
+    def _self_projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q ``(B, H, T, D)``, k and v ``(B, H_kv, T, D)`` of self-attention."""
+        d = self.decode_qkv
+        if d is not None and d.is_current():
+            kv = self.n_kv_heads * self.d_head
+            q, k, v = F.linear(x, d.weight, d.bias).split((self.d_model, kv, kv), dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, T, H·D | H_kv·D)
+        return (
+            self._heads(q, self.n_heads),
+            self._heads(k, self.n_kv_heads),
+            self._heads(v, self.n_kv_heads),
+        )
+
+    def _cross_keys_values(
+        self, memory: Tensor | None, cache: LayerKVCache | CrossKVCache | None, B: int
+    ) -> tuple[Tensor, Tensor]:
+        """k, v ``(B, H_kv, S, D)`` of the memory: from a filled cache, or projected (cached)."""
+        if isinstance(cache, CrossKVCache) and cache.is_set:
+            return cast(Tensor, cache.k), cast(Tensor, cache.v)
+        if memory is None:
+            raise ValueError("cross-attention needs memory (or a filled CrossKVCache)")
+        if memory.dim() != 3 or memory.shape[0] != B or memory.shape[-1] != self.d_model:
+            raise ValueError(
+                f"memory must be ({B}, S, {self.d_model}), got shape {tuple(memory.shape)}"
+            )
+        k = self._heads(self.k_proj(memory), self.n_kv_heads)  # (B, H_kv, S, D)
+        v = self._heads(self.v_proj(memory), self.n_kv_heads)  # (B, H_kv, S, D)
+        if isinstance(cache, CrossKVCache):
+            cache.set(k, v)
+        return k, v
 
     def forward(
         self,
@@ -112,10 +152,8 @@ class MultiHeadAttention(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must be (B, T, {self.d_model}), got shape {tuple(x.shape)}")
         B, T, _ = x.shape
-        q = self._heads(self.q_proj(x), self.n_heads)  # (B, H, T, D)
         if memory is None and not isinstance(cache, CrossKVCache):
-            k = self._heads(self.k_proj(x), self.n_kv_heads)  # (B, H_kv, T, D)
-            v = self._heads(self.v_proj(x), self.n_kv_heads)  # (B, H_kv, T, D)
+            q, k, v = self._self_projections(x)  # (B, H, T, D), (B, H_kv, T, D) twice
             if self.rotary is not None:
                 if positions is None:
                     self_cache = cache if isinstance(cache, LayerKVCache) else None
@@ -124,19 +162,9 @@ class MultiHeadAttention(nn.Module):
                 k = self.rotary.rotate(k, positions)
             if isinstance(cache, LayerKVCache):
                 k, v = cache.update(k, v)  # (B, H_kv, S, D)
-        elif isinstance(cache, CrossKVCache) and cache.is_set:
-            k, v = cast(Tensor, cache.k), cast(Tensor, cache.v)
         else:
-            if memory is None:
-                raise ValueError("cross-attention needs memory (or a filled CrossKVCache)")
-            if memory.dim() != 3 or memory.shape[0] != B or memory.shape[-1] != self.d_model:
-                raise ValueError(
-                    f"memory must be ({B}, S, {self.d_model}), got shape {tuple(memory.shape)}"
-                )
-            k = self._heads(self.k_proj(memory), self.n_kv_heads)  # (B, H_kv, S, D)
-            v = self._heads(self.v_proj(memory), self.n_kv_heads)  # (B, H_kv, S, D)
-            if isinstance(cache, CrossKVCache):
-                cache.set(k, v)
+            q = self._heads(self.q_proj(x), self.n_heads)  # (B, H, T, D)
+            k, v = self._cross_keys_values(memory, cache, B)  # (B, H_kv, S, D) each
         dropout_p = self.dropout if self.training else 0.0
         weights: Tensor | None = None
         if need_weights:

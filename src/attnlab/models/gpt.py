@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from attnlab.layers.blocks import DecoderLayer
 from attnlab.layers.embedding import TokenEmbedding, tie_weights
 from attnlab.layers.kv_cache import KVCache
+from attnlab.layers.linear import Linear
 from attnlab.layers.masks import as_attention_mask, combine_masks
 from attnlab.layers.norm import build_norm
 from attnlab.layers.positional import (
@@ -135,7 +136,7 @@ class GPT(PretrainedMixin, GenerationMixin, nn.Module):
         self.final_norm = (
             build_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias) if c.use_final_norm else None
         )
-        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.lm_head = Linear(c.d_model, c.vocab_size, bias=False)
         self.reset_parameters()
         if c.tie_output:
             tie_weights(self.lm_head, self.tok_embed)

@@ -1,0 +1,493 @@
+"""Train-step speed: forward + backward + AdamW step, fp32, attnlab against its peers (issue 13).
+
+Every implementation trains the same GPT shape in the same process, on the same batch, with the
+same optimizer (``torch.optim.AdamW(fused=True)``: one kernel over all tensors; the default
+for-loop is several times slower on CPU, see the optimizer table), dropout off, and the same loss
+(mean token cross-entropy over every position). Rows:
+
+- ``attnlab``: :class:`attnlab.GPT` with exact GELU (nanoGPT's choice), and with GPT-2's tanh GELU;
+- ``minimal GPT``: nanoGPT's architecture (one fused q/k/v linear,
+  ``F.scaled_dot_product_attention`` with ``is_causal``, exact GELU, tied head) written out here
+  in ~40 lines, the yardstick for "as fast as nanoGPT";
+- ``transformers``: ``GPT2LMHeadModel`` with ``attn_implementation`` "sdpa" and "eager" (GPT-2's
+  tanh GELU), and "sdpa" with exact GELU;
+- ``x-transformers``: ``TransformerWrapper(Decoder(...))`` with flash (SDPA) attention and a tied
+  head (skipped, with the reason, when the package is not installed: ``pip install .[bench]``);
+- ``torch.nn``: a GPT made of ``nn.TransformerEncoder`` (pre-norm, GELU, causal mask);
+- ``--compile`` adds ``torch.compile`` rows for attnlab and the minimal GPT.
+
+Timing: rounds of one timed burst (``--steps`` steps) per row, the row order rotated every round
+(A B C, B C A, ...) so that a slow spell of a shared machine hits every row alike; the figure is
+the median over ``--rounds`` rounds of the per-step time. FLOPs per step use nanoGPT's estimate,
+``(6 N + 12 L H Q T) · T · B`` with N the parameters without the position table (the same N for
+every row: attnlab's), and are compared with the machine's fp32 matmul ceiling, measured here on
+2048³ and 4096³ products (MFU is against the larger).
+
+    python benchmarks/train_step.py            # both shapes, 10 rounds (~3-4 min on 2 cores)
+    python benchmarks/train_step.py --quick    # 3 rounds, 1 step each (~1 min)
+
+Results: ``benchmarks/results/train_step.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import attnlab
+from attnlab.analysis.attention_bench import machine_info
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A GPT training shape: L layers, H heads, E = d_model, T context, B batch, V vocabulary."""
+
+    n_layers: int
+    n_heads: int
+    d_model: int
+    context: int
+    batch: int
+    vocab: int = 65
+
+
+SHAPES = {
+    "baby": Shape(n_layers=4, n_heads=4, d_model=128, context=64, batch=12),
+    "shakespeare": Shape(n_layers=6, n_heads=6, d_model=384, context=256, batch=8),
+}
+
+LossFn = Callable[[Tensor, Tensor], Tensor]  # (ids, targets) -> scalar loss
+
+
+def _lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+# ---- the competitors ------------------------------------------------------------------------
+
+
+def build_attnlab(s: Shape, activation: str) -> tuple[nn.Module, LossFn]:
+    config = attnlab.GPTConfig(
+        vocab_size=s.vocab,
+        d_model=s.d_model,
+        n_heads=s.n_heads,
+        n_layers=s.n_layers,
+        d_ff=4 * s.d_model,
+        max_seq_len=s.context,
+        dropout=0.0,
+        activation=activation,
+        eos_id=None,
+    )
+    model = attnlab.GPT(config)
+    return model, lambda x, y: model(x, targets=y)[1]
+
+
+class MinimalBlock(nn.Module):
+    """Pre-norm block with one fused q/k/v projection (nanoGPT's layout)."""
+
+    def __init__(self, d: int, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.fc_out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, T, E = x.shape
+        q, k, v = self.qkv(self.ln_1(x)).split(E, dim=2)  # (B, T, E) each
+        q, k, v = (t.view(B, T, self.n_heads, -1).transpose(1, 2) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        x = x + self.proj(a.transpose(1, 2).reshape(B, T, E))
+        return x + self.fc_out(F.gelu(self.fc(self.ln_2(x))))
+
+
+class MinimalGPT(nn.Module):
+    """The smallest reasonable GPT: token + position tables, blocks, final norm, tied head."""
+
+    def __init__(self, s: Shape) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(s.vocab, s.d_model)
+        self.pos = nn.Embedding(s.context, s.d_model)
+        self.blocks = nn.ModuleList(MinimalBlock(s.d_model, s.n_heads) for _ in range(s.n_layers))
+        self.ln_f = nn.LayerNorm(s.d_model)
+        self.head = nn.Linear(s.d_model, s.vocab, bias=False)
+        self.head.weight = self.tok.weight
+
+    def forward(self, ids: Tensor) -> Tensor:
+        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))  # (B, T, V)
+
+
+def build_minimal(s: Shape) -> tuple[nn.Module, LossFn]:
+    model = MinimalGPT(s)
+    return model, lambda x, y: _lm_loss(model(x), y)
+
+
+def build_transformers(s: Shape, attn: str, activation: str) -> tuple[nn.Module, LossFn]:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    config = transformers.GPT2Config(
+        vocab_size=s.vocab,
+        n_positions=s.context,
+        n_embd=s.d_model,
+        n_layer=s.n_layers,
+        n_head=s.n_heads,
+        activation_function=activation,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        use_cache=False,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+    model = transformers.GPT2LMHeadModel._from_config(config, attn_implementation=attn)
+    return model, lambda x, y: _lm_loss(model(input_ids=x).logits, y)
+
+
+def build_x_transformers(s: Shape) -> tuple[nn.Module, LossFn]:
+    from x_transformers import Decoder, TransformerWrapper
+
+    model = TransformerWrapper(
+        num_tokens=s.vocab,
+        max_seq_len=s.context,
+        tie_embedding=True,
+        attn_layers=Decoder(
+            dim=s.d_model,
+            depth=s.n_layers,
+            heads=s.n_heads,
+            attn_dim_head=s.d_model // s.n_heads,
+            attn_flash=True,
+        ),
+    )
+    return model, lambda x, y: _lm_loss(model(x), y)
+
+
+class TorchNNGPT(nn.Module):
+    """A GPT from ``nn.TransformerEncoder``: pre-norm layers with a causal mask, tied head."""
+
+    def __init__(self, s: Shape) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(s.vocab, s.d_model)
+        self.pos = nn.Embedding(s.context, s.d_model)
+        layer = nn.TransformerEncoderLayer(
+            s.d_model,
+            s.n_heads,
+            dim_feedforward=4 * s.d_model,
+            dropout=0.0,
+            activation="gelu",
+            batch_first=True,
+            norm_first=True,
+        )
+        self.encoder = nn.TransformerEncoder(layer, s.n_layers, enable_nested_tensor=False)
+        self.ln_f = nn.LayerNorm(s.d_model)
+        self.head = nn.Linear(s.d_model, s.vocab, bias=False)
+        self.head.weight = self.tok.weight
+        self.causal: Tensor
+        mask = nn.Transformer.generate_square_subsequent_mask(s.context)  # (T, T) additive
+        self.register_buffer("causal", mask, persistent=False)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        T = ids.shape[1]
+        x = self.tok(ids) + self.pos(torch.arange(T, device=ids.device))
+        x = self.encoder(x, mask=self.causal[:T, :T], is_causal=True)
+        return self.head(self.ln_f(x))  # (B, T, V)
+
+
+def build_torch_nn(s: Shape) -> tuple[nn.Module, LossFn]:
+    model = TorchNNGPT(s)
+    return model, lambda x, y: _lm_loss(model(x), y)
+
+
+def compiled(build: Callable[[Shape], tuple[nn.Module, LossFn]]) -> Callable[..., Any]:
+    def make(s: Shape) -> tuple[nn.Module, LossFn]:
+        model, loss_fn = build(s)
+        return model, torch.compile(loss_fn)
+
+    return make
+
+
+def competitors(args: argparse.Namespace) -> dict[str, Callable[[Shape], tuple[nn.Module, LossFn]]]:
+    rows: dict[str, Callable[[Shape], tuple[nn.Module, LossFn]]] = {
+        "attnlab": lambda s: build_attnlab(s, "gelu"),
+        "attnlab (tanh GELU)": lambda s: build_attnlab(s, "gelu_tanh"),
+        "minimal GPT (nanoGPT layout)": build_minimal,
+        "transformers sdpa": lambda s: build_transformers(s, "sdpa", "gelu_new"),
+        "transformers eager": lambda s: build_transformers(s, "eager", "gelu_new"),
+        "transformers sdpa (exact GELU)": lambda s: build_transformers(s, "sdpa", "gelu"),
+        "x-transformers": build_x_transformers,
+        "torch.nn.TransformerEncoder": build_torch_nn,
+    }
+    if args.compile:
+        rows["attnlab (compiled)"] = compiled(lambda s: build_attnlab(s, "gelu"))
+        rows["minimal GPT (compiled)"] = compiled(build_minimal)
+    if args.rows:
+        wanted = [r.strip() for r in args.rows.split(",")]
+        unknown = [r for r in wanted if r not in rows]
+        if unknown:
+            raise SystemExit(f"unknown rows {unknown}; valid: {', '.join(rows)}")
+        rows = {r: rows[r] for r in wanted}
+    return rows
+
+
+# ---- measuring -------------------------------------------------------------------------------
+
+
+def matmul_ceiling(n: int, repeats: int) -> float:
+    """fp32 GFLOP/s of an ``n x n`` matmul (median of ``repeats`` after a warm-up)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    out = torch.empty(n, n)
+    torch.mm(a, b, out=out)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=out)
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def flops_per_step(model: nn.Module, s: Shape) -> float:
+    """nanoGPT's estimate: (6 N + 12 L H Q T) per token, N without the position table."""
+    n = sum(p.numel() for p in model.parameters()) - s.context * s.d_model  # the (T, E) table
+    per_token = 6 * n + 12 * s.n_layers * s.n_heads * (s.d_model // s.n_heads) * s.context
+    return float(per_token * s.context * s.batch)
+
+
+@dataclass
+class Trainee:
+    """One competitor set up to take steps."""
+
+    model: nn.Module
+    loss_fn: LossFn
+    optimizer: torch.optim.Optimizer
+    n_params: int
+
+    def step(self, x: Tensor, y: Tensor) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss_fn(x, y)
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.detach())
+
+
+def make_trainee(build: Callable[[Shape], tuple[nn.Module, LossFn]], s: Shape) -> Trainee:
+    torch.manual_seed(0)
+    model, loss_fn = build(s)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
+    n_params = sum(p.numel() for p in model.parameters())
+    return Trainee(model, loss_fn, optimizer, n_params)
+
+
+def bench_shape(name: str, s: Shape, args: argparse.Namespace, ceiling: float) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(0)
+    data = torch.randint(0, s.vocab, (s.batch, s.context + 1), generator=g)
+    x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()  # (B, T) each
+    trainees: dict[str, Trainee] = {}
+    skipped: dict[str, str] = {}
+    for label, build in competitors(args).items():
+        try:
+            trainees[label] = make_trainee(build, s)
+        except ImportError as exc:  # an optional competitor that is not installed
+            skipped[label] = f"{type(exc).__name__}: {exc}"
+            print(f"[{name}] skipping {label}: {skipped[label]}", flush=True)
+            continue
+        first = [trainees[label].step(x, y) for _ in range(args.warmup)]
+        print(f"[{name}] {label}: warm-up losses {[round(v, 3) for v in first]}", flush=True)
+    flops = flops_per_step(build_attnlab(s, "gelu")[0], s)
+    labels = list(trainees)
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    for r in range(args.rounds):
+        order = labels[r % len(labels) :] + labels[: r % len(labels)]  # rotate: A B C, B C A, ...
+        for label in order:
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                trainees[label].step(x, y)
+            times[label].append((time.perf_counter() - t0) / args.steps)
+    rows: list[dict[str, Any]] = []
+    for label in labels:
+        med = statistics.median(times[label])
+        q = statistics.quantiles(times[label], n=4) if len(times[label]) > 1 else [med, med, med]
+        rows.append(
+            {
+                "implementation": label,
+                "params": trainees[label].n_params,
+                "step_ms": med * 1e3,
+                "step_ms_q1": q[0] * 1e3,
+                "step_ms_q3": q[2] * 1e3,
+                "tokens_per_s": s.batch * s.context / med,
+                "gflops": flops / med / 1e9,
+                "mfu": flops / med / 1e9 / ceiling,
+                "rounds_ms": [t * 1e3 for t in times[label]],
+            }
+        )
+    base = next((row["step_ms"] for row in rows if row["implementation"] == "attnlab"), None)
+    for row in rows:
+        row["vs_attnlab"] = row["step_ms"] / base if base else None
+    return {
+        "shape": name,
+        **dataclasses.asdict(s),
+        "flops_per_step": flops,
+        "rows": rows,
+        "skipped": skipped,
+    }
+
+
+def bench_optimizer(s: Shape, repeats: int) -> dict[str, float]:
+    """ms per AdamW step on attnlab's model at shape ``s``: fused, foreach, for-loop."""
+    model = build_attnlab(s, "gelu")[0]
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    out = {}
+    for label, kw in (
+        ("fused", {"fused": True}),
+        ("foreach", {"foreach": True}),
+        ("for-loop (CPU default)", {"foreach": False}),
+    ):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **kw)  # type: ignore[arg-type]
+        opt.step()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+        out[label] = statistics.median(times) * 1e3
+    return out
+
+
+# ---- report ----------------------------------------------------------------------------------
+
+
+def format_markdown(results: dict[str, Any]) -> str:
+    meta, ceil = results["meta"], results["ceiling_gflops"]
+    lines = [
+        "# Train-step speed (benchmarks/train_step.py)",
+        "",
+        f"`{meta['command']}` on {meta['platform']} ({meta['processor']}, {meta['cpu_count']} "
+        f"CPUs, {meta['threads']} torch threads), torch {meta['torch']}, transformers "
+        f"{meta.get('transformers', '-')}, x-transformers {meta.get('x_transformers', '-')}, "
+        f"{meta['date_utc']}. fp32, forward + backward + AdamW(fused), dropout 0; medians of "
+        f"{meta['rounds']} interleaved rounds of {meta['steps']} step(s).",
+        "",
+        "fp32 matmul ceiling: "
+        + ", ".join(f"{k}³ {v:.1f} GFLOP/s" for k, v in ceil.items())
+        + f". MFU is nanoGPT's (6N + 12·L·H·Q·T)·T·B FLOPs per step over the {max(ceil)}³ figure.",
+    ]
+    for shape in results["shapes"]:
+        lines += [
+            "",
+            f"## {shape['shape']}: {shape['n_layers']} layers, {shape['n_heads']} heads, d_model "
+            f"{shape['d_model']}, context {shape['context']}, batch {shape['batch']}, vocab "
+            f"{shape['vocab']} ({shape['flops_per_step'] / 1e9:.2f} GFLOP per step)",
+            "",
+            "| implementation | params | ms/step (q1-q3) | tokens/s | GFLOP/s | MFU | vs attnlab |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in shape["rows"]:
+            ratio = f"{r['vs_attnlab']:.2f}" if r["vs_attnlab"] else "-"
+            lines.append(
+                f"| {r['implementation']} | {r['params'] / 1e6:.2f}M | {r['step_ms']:.1f} "
+                f"({r['step_ms_q1']:.1f}-{r['step_ms_q3']:.1f}) | {r['tokens_per_s']:,.0f} "
+                f"| {r['gflops']:.1f} | {r['mfu']:.0%} | {ratio} |"
+            )
+        for label, why in shape["skipped"].items():
+            lines.append(f"| {label} | skipped: {why} | | | | | |")
+        others = [r for r in shape["rows"] if not r["implementation"].startswith("attnlab")]
+        ours = next((r for r in shape["rows"] if r["implementation"] == "attnlab"), None)
+        if others and ours:
+            best = min(others, key=lambda r: r["step_ms"])
+            lines += [
+                "",
+                f"attnlab / fastest other ({best['implementation']}): "
+                f"{ours['step_ms'] / best['step_ms']:.2f} (<= 1.00 means attnlab is at least as "
+                "fast).",
+            ]
+    opt = results.get("optimizer")
+    if opt:
+        lines += [
+            "",
+            f"## AdamW step alone ({opt['shape']} shape, attnlab's model, ms)",
+            "",
+            "| implementation | ms |",
+            "|---|---|",
+            *(f"| {k} | {v:.1f} |" for k, v in opt["ms"].items()),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated")
+    parser.add_argument("--rows", default="", help="comma-separated subset of the rows")
+    parser.add_argument("--rounds", type=int, default=None, help="default 10 (--quick: 3)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per burst (default: auto)")
+    parser.add_argument("--warmup", type=int, default=None, help="default 3 (--quick: 1)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--compile", action="store_true", help="add torch.compile rows")
+    parser.add_argument("--quick", action="store_true", help="3 rounds of 1 step, small ceiling")
+    parser.add_argument("--json", default=str(RESULTS / "train_step.json"))
+    parser.add_argument("--markdown", default=str(RESULTS / "train_step.md"))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps = args.steps or 1
+    args.rounds = args.rounds or (3 if args.quick else 10)
+    args.warmup = args.warmup or (1 if args.quick else 3)
+    torch.set_num_threads(args.threads)
+    meta = machine_info() | {
+        "threads": torch.get_num_threads(),
+        "rounds": args.rounds,
+        "steps": args.steps or "auto (5 baby, 1 shakespeare)",
+    }
+    for module, key in (("transformers", "transformers"), ("x_transformers", "x_transformers")):
+        try:
+            meta[key] = __import__(module).__version__
+        except (ImportError, AttributeError):
+            from importlib.metadata import PackageNotFoundError, version
+
+            try:
+                meta[key] = version(module.replace("_", "-"))
+            except PackageNotFoundError:
+                meta[key] = "not installed"
+    sizes = (2048,) if args.quick else (2048, 4096)
+    ceiling = {str(n): matmul_ceiling(n, 2 if args.quick else 5) for n in sizes}
+    print(f"matmul ceiling (GFLOP/s): {ceiling}", flush=True)
+    results: dict[str, Any] = {"meta": meta, "ceiling_gflops": ceiling, "shapes": []}
+    for name in args.shapes.split(","):
+        s = SHAPES[name]
+        shape_args = argparse.Namespace(**vars(args))
+        shape_args.steps = args.steps or (5 if s.d_model * s.context * s.batch < 1e6 else 1)
+        result = bench_shape(name, s, shape_args, ceiling[max(ceiling, key=int)])
+        results["shapes"].append(result)
+        for row in result["rows"]:
+            print(f"[{name}] {row['implementation']}: {row['step_ms']:.1f} ms", flush=True)
+    opt_shape = "shakespeare" if "shakespeare" in args.shapes.split(",") else args.shapes
+    results["optimizer"] = {
+        "shape": opt_shape.split(",")[0],
+        "ms": bench_optimizer(SHAPES[opt_shape.split(",")[0]], 3 if args.quick else 10),
+    }
+    markdown = format_markdown(results)
+    print(markdown)
+    for path, text in ((args.json, json.dumps(results, indent=2)), (args.markdown, markdown)):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text + ("\n" if not text.endswith("\n") else ""), encoding="utf-8")
+    return 0 if math.isfinite(ceiling[max(ceiling, key=int)]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""decode_layout: input-major copies for decoding 1-2 rows change speed, never results."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gc
+import importlib
+from collections.abc import Iterator
+from contextlib import nullcontext
+
+import pytest
+import torch
+
+import attnlab
+from attnlab import GPT, GPTConfig
+from attnlab.generation import stream
+from attnlab.generation.layout import _COPIES, MAX_ROWS, decode_layout, release_copies
+from attnlab.layers.linear import Linear
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _gpt(**overrides: object) -> GPT:
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        vocab_size=50,
+        d_model=32,
+        n_heads=4,
+        n_layers=2,
+        d_ff=64,
+        max_seq_len=64,
+        dropout=0.0,
+        eos_id=None,
+    )
+    model = GPT(dataclasses.replace(cfg, **overrides)).eval()  # type: ignore[arg-type]
+    with torch.no_grad():  # large weights: peaked next-token distributions, no near-ties
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.15)
+            else:  # biases and norm gains
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"n_kv_heads": 2, "pos_encoding": "rope", "activation": "swiglu", "bias": False}],
+)
+def test_logits_inside_equal_logits_outside(overrides: dict[str, object]) -> None:
+    model = _gpt(**overrides)
+    ids = torch.randint(0, 50, (1, 7))
+    with torch.inference_mode():
+        expected, _ = model(ids)
+        with decode_layout(model, rows=1):
+            attn = model.layers[0].self_attn
+            assert attn.decode_qkv is not None and attn.decode_qkv.is_current()
+            assert model.lm_head.decode_weight is not None  # wide: 32 -> 50
+            assert model.layers[0].ffn.down_proj.decode_weight is None  # narrow: 64 -> 32
+            got, _ = model(ids)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_parameters_are_untouched_and_copies_detached() -> None:
+    model = _gpt()
+    before = {n: (p.data_ptr(), p.stride(), p._version) for n, p in model.named_parameters()}
+    with decode_layout(model, rows=1):
+        pass
+    after = {n: (p.data_ptr(), p.stride(), p._version) for n, p in model.named_parameters()}
+    assert after == before
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert all(m.decode_weight is None for m in linears)
+    assert all(layer.self_attn.decode_qkv is None for layer in model.layers)
+
+
+def test_many_rows_get_no_copies_and_a_blocked_head() -> None:
+    model = _gpt()
+    ids = torch.randint(0, 50, (MAX_ROWS + 1, 7))
+    with torch.inference_mode():
+        expected, _ = model(ids)
+        with decode_layout(model, rows=MAX_ROWS + 1):
+            assert model.lm_head.decode_weight is None
+            assert model.layers[0].self_attn.decode_qkv is None
+            assert model.lm_head.decode_block_rows is not None
+            got, _ = model(ids)
+    assert model.lm_head.decode_block_rows is None
+    assert model not in _COPIES
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_weights_changed_mid_stream_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copies made at the start of a stream are ignored once their weights change: the stream
+    continues exactly like one that never had copies."""
+    generate_module = importlib.import_module("attnlab.generation.generate")  # not the function
+    model = _gpt()
+    reference = copy.deepcopy(model)
+    ids = torch.randint(0, 50, (1, 5))
+    with_copies = stream(model, ids, max_new_tokens=3, eos_id=())
+    next(with_copies)  # the copies exist from here on
+    monkeypatch.setattr(generate_module, "decode_layout", lambda m, rows: nullcontext())
+    without = stream(reference, ids, max_new_tokens=3, eos_id=())
+    next(without)
+    assert model.lm_head.decode_weight is not None
+    with torch.no_grad():
+        for m in (model, reference):  # an optimizer step between two tokens
+            m.lm_head.weight.mul_(-1.0)
+            m.layers[0].ffn.up_proj.weight.add_(0.5)
+            m.layers[1].self_attn.k_proj.weight.mul_(2.0)
+    for a, b in zip(with_copies, without, strict=True):
+        torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=1e-5)
+
+
+def test_generate_few_rows_equals_many_rows() -> None:
+    """Rows decoded in a small batch (with copies) get the tokens they get in a big one."""
+    model = _gpt()
+    ids = torch.randint(0, 50, (MAX_ROWS + 1, 6))
+    few = attnlab.generate(model, ids[:MAX_ROWS], max_new_tokens=16, eos_id=())
+    many = attnlab.generate(model, ids, max_new_tokens=16, eos_id=())
+    assert torch.equal(few, many[:MAX_ROWS])
+
+
+def test_copies_are_kept_between_calls_and_made_again_when_stale() -> None:
+    model = _gpt()
+    with decode_layout(model, rows=1):
+        head, qkv = model.lm_head.decode_weight, model.layers[0].self_attn.decode_qkv
+    with decode_layout(model, rows=1):
+        assert model.lm_head.decode_weight is head  # reused, not copied again
+        assert model.layers[0].self_attn.decode_qkv is qkv
+    with torch.no_grad():
+        model.layers[0].self_attn.v_proj.bias.add_(1.0)  # e.g. a training step
+    with decode_layout(model, rows=1):
+        assert model.lm_head.decode_weight is head
+        fresh = model.layers[0].self_attn.decode_qkv
+        assert fresh is not qkv and fresh is not None and fresh.is_current()
+    release_copies(model)
+    assert model not in _COPIES
+
+
+def test_copies_go_with_their_model() -> None:
+    model = _gpt()
+    with decode_layout(model, rows=1):
+        pass
+    assert len(_COPIES) >= 1 and model in _COPIES
+    n = len(_COPIES)
+    del model
+    gc.collect()
+    assert len(_COPIES) == n - 1
