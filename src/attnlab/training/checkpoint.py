@@ -84,6 +84,24 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
     return target
 
 
+def _write_files_together(directory: Path, writers: dict[str, Callable[[str], None]]) -> None:
+    """Write several files of ``directory``: every ``writers[name](tmp)`` fills (and fsyncs) a
+    temporary file first, then they are all moved into place and the directory is fsync-ed. If a
+    writer fails, the temporary files already written are removed and nothing is replaced.
+    """
+    temps: dict[str, Path] = {}
+    try:
+        for name, write in writers.items():
+            temps[name] = _write_temp(directory, name, write)
+    except BaseException:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+        raise
+    for name, tmp in temps.items():
+        os.replace(tmp, directory / name)
+    _fsync_dir(directory)
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """:func:`atomic_write` of ``text`` (UTF-8)."""
 
@@ -202,15 +220,7 @@ def save_checkpoint(
         else:
             _save_state_dict(state_dict, model, tmp)
 
-    tmp_weights = _write_temp(directory, WEIGHTS_NAME, write_weights)
-    try:
-        tmp_config = _write_temp(directory, CONFIG_NAME, write_config)
-    except BaseException:
-        tmp_weights.unlink(missing_ok=True)
-        raise
-    os.replace(tmp_weights, directory / WEIGHTS_NAME)
-    os.replace(tmp_config, directory / CONFIG_NAME)
-    _fsync_dir(directory)
+    _write_files_together(directory, {WEIGHTS_NAME: write_weights, CONFIG_NAME: write_config})
     return directory
 
 

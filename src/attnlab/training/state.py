@@ -42,7 +42,13 @@ import torch
 from safetensors.torch import load_file, load_model, save_file
 from torch import Tensor, nn
 
-from attnlab.training.checkpoint import WEIGHTS_NAME, _fsync_dir, _write_temp, save_checkpoint
+from attnlab.training.checkpoint import (
+    WEIGHTS_NAME,
+    _fsync_dir,
+    _write_files_together,
+    _write_temp,
+    save_checkpoint,
+)
 
 STATE_NAME = "trainer_state.json"
 STATE_TENSORS_NAME = "trainer_state.safetensors"
@@ -197,19 +203,14 @@ def save_training_checkpoint(
         {"format": STATE_FORMAT, "version": STATE_VERSION, "state": data},
         indent=1, allow_nan=False,
     ) + "\n"  # fmt: skip
-    tmp_tensors = _write_temp(directory, STATE_TENSORS_NAME, lambda p: save_file(tensors, p))
-    try:
 
-        def write_json(path: str) -> None:
-            Path(path).write_text(text, encoding="utf-8")
+    def write_tensors(path: str) -> None:
+        save_file(tensors, path)  # looked up at call time (tests patch it to kill a write)
 
-        tmp_json = _write_temp(directory, STATE_NAME, write_json)
-    except BaseException:
-        tmp_tensors.unlink(missing_ok=True)
-        raise
-    os.replace(tmp_tensors, directory / STATE_TENSORS_NAME)
-    os.replace(tmp_json, directory / STATE_NAME)
-    _fsync_dir(directory)
+    def write_json(path: str) -> None:
+        Path(path).write_text(text, encoding="utf-8")
+
+    _write_files_together(directory, {STATE_TENSORS_NAME: write_tensors, STATE_NAME: write_json})
 
     def write_pointer(path: str) -> None:
         Path(path).write_text(directory.name + "\n", encoding="utf-8")
