@@ -1,4 +1,4 @@
-"""decode_layout: input-major copies for decoding 1-2 rows change speed, never results."""
+"""decode_layout: reordered weight copies for decoding change speed, never results."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 import attnlab
 from attnlab import GPT, GPTConfig
 from attnlab.generation import stream
-from attnlab.generation.layout import _COPIES, MAX_ROWS, decode_layout, release_copies
+from attnlab.generation.layout import _COPIES, copy_numel, decode_layout, release_copies
 from attnlab.layers.linear import Linear
 
 
@@ -61,10 +61,27 @@ def test_logits_inside_equal_logits_outside(overrides: dict[str, object]) -> Non
         with decode_layout(model, rows=1):
             attn = model.layers[0].self_attn
             assert attn.decode_qkv is not None and attn.decode_qkv.is_current()
-            assert model.lm_head.decode_weight is not None  # wide: 32 -> 50
-            assert model.layers[0].ffn.down_proj.decode_weight is None  # narrow: 64 -> 32
+            assert model.lm_head.decode_weight is not None
+            assert model.layers[0].ffn.down_proj.decode_weight is not None
+            assert model.layers[0].self_attn.out_proj.decode_weight is not None
+            assert model.layers[0].self_attn.q_proj.decode_weight is None  # stacked instead
             got, _ = model(ids)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_encoder_decoder_copies_skip_the_memory_projections() -> None:
+    torch.manual_seed(0)
+    model = attnlab.build_model("transformer-tiny").eval()
+    with decode_layout(model, rows=2):
+        layer = model.decoder.layers[0]
+        assert layer.cross_attn.q_proj.decode_weight is not None
+        assert layer.cross_attn.out_proj.decode_weight is not None
+        assert layer.cross_attn.k_proj.decode_weight is None  # run once on the memory
+        assert layer.self_attn.decode_qkv is not None
+    with torch.device("meta"):
+        meta = attnlab.build_model("transformer-tiny")
+    copied = copy_numel(meta)
+    assert copied == copy_numel(model) and 0 < copied < sum(p.numel() for p in model.parameters())
 
 
 def test_parameters_are_untouched_and_copies_detached() -> None:
@@ -79,19 +96,23 @@ def test_parameters_are_untouched_and_copies_detached() -> None:
     assert all(layer.self_attn.decode_qkv is None for layer in model.layers)
 
 
-def test_many_rows_get_no_copies_and_a_blocked_head() -> None:
+def test_many_rows_use_the_copies_too() -> None:
     model = _gpt()
-    ids = torch.randint(0, 50, (MAX_ROWS + 1, 7))
+    ids = torch.randint(0, 50, (5, 7))
     with torch.inference_mode():
         expected, _ = model(ids)
-        with decode_layout(model, rows=MAX_ROWS + 1):
-            assert model.lm_head.decode_weight is None
-            assert model.layers[0].self_attn.decode_qkv is None
-            assert model.lm_head.decode_block_rows is not None
+        with decode_layout(model, rows=5):
+            assert model.lm_head.decode_weight is not None
             got, _ = model(ids)
-    assert model.lm_head.decode_block_rows is None
-    assert model not in _COPIES
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_models_off_fp32_get_no_copies() -> None:
+    model = _gpt().double()
+    with decode_layout(model, rows=1):
+        assert model.lm_head.decode_weight is None
+        assert model.layers[0].self_attn.decode_qkv is None
+    assert model not in _COPIES
 
 
 def test_weights_changed_mid_stream_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,12 +138,12 @@ def test_weights_changed_mid_stream_are_used(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_generate_few_rows_equals_many_rows() -> None:
-    """Rows decoded in a small batch (with copies) get the tokens they get in a big one."""
+    """Rows decoded in a small batch get the tokens they get in a big one."""
     model = _gpt()
-    ids = torch.randint(0, 50, (MAX_ROWS + 1, 6))
-    few = attnlab.generate(model, ids[:MAX_ROWS], max_new_tokens=16, eos_id=())
+    ids = torch.randint(0, 50, (3, 6))
+    few = attnlab.generate(model, ids[:2], max_new_tokens=16, eos_id=())
     many = attnlab.generate(model, ids, max_new_tokens=16, eos_id=())
-    assert torch.equal(few, many[:MAX_ROWS])
+    assert torch.equal(few, many[:2])
 
 
 def test_copies_are_kept_between_calls_and_made_again_when_stale() -> None:

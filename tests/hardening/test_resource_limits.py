@@ -28,6 +28,7 @@ from attnlab.analysis import count_params, kv_cache_bytes, training_memory
 from attnlab.analysis import memory_check as mc
 from attnlab.analysis.report import human_bytes
 from attnlab.cli import main
+from attnlab.generation.layout import copy_numel
 from attnlab.hub import check_param_count, safetensors_numel
 from attnlab.interop import CheckpointMismatchError, save_hf
 from attnlab.training import checkpoint as checkpoint_module
@@ -145,6 +146,11 @@ def test_generation_estimate_counts_weights_cache_and_prefill() -> None:
     assert e.parts["weights"] == 4 * count_params(TINY_GPT)
     assert e.parts["kv_cache"] == kv_cache_bytes(TINY_GPT, 8, batch=4)
     assert e.parts["prefill"] == 4 * (2 * 5 * 50 + 2 * 2 * 2 * 5 * 5)  # logits + one layer
+    with torch.device("meta"):
+        copied = copy_numel(attnlab.GPT(TINY_GPT))  # the decoding copies of fp32 on the CPU
+    assert e.parts["decode_copies"] == 4 * copied > 0
+    gpu = mc.estimate_generation(TINY_GPT, batch=2, prompt_len=5, max_new_tokens=3, cpu=False)
+    assert gpu is not None and "decode_copies" not in gpu.parts
     tr = mc.estimate_generation(TINY["transformer"], batch=1, prompt_len=6, max_new_tokens=4)
     assert tr is not None and tr.parts["kv_cache"] == kv_cache_bytes(TINY["transformer"], 4,
                                                                      src_len=6)  # fmt: skip

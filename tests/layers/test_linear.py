@@ -1,4 +1,4 @@
-"""Linear and DecodeWeight: the input-major copies equal the plain layers and never go stale."""
+"""Linear and DecodeWeight: the reordered copies equal the plain layers and never go stale."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.layers.linear import DecodeWeight, Linear, blocked_linear
+from attnlab.layers.linear import DecodeWeight, Linear, reordering_available
 
 
 def _linears(*outs: int, d_in: int = 6, bias: bool = True) -> list[Linear]:
@@ -26,25 +26,31 @@ def test_linear_is_nn_linear_with_the_same_state_dict() -> None:
 @pytest.mark.parametrize("bias", [True, False])
 def test_stacked_copy_equals_the_separate_layers(bias: bool) -> None:
     lins = _linears(4, 2, 2, bias=bias)  # q, k, v of a GQA layer: different widths
-    d = DecodeWeight.stack(lins)
-    assert d.weight.shape == (8, 6) and d.weight.stride() == (1, 8)  # input-major (6, 8) buffer
-    x = torch.randn(3, 1, 6)
-    expected = torch.cat([lin(x) for lin in lins], dim=-1)
-    torch.testing.assert_close(F.linear(x, d.weight, d.bias), expected)
-    assert all(lin.weight.data_ptr() != d.weight.data_ptr() for lin in lins)  # a copy
+    d = DecodeWeight.stack(lins, rows=3)
+    assert d.weight.shape == (8, 6) and d.weight.is_mkldnn  # oneDNN's layout
+    for shape in [(3, 1, 6), (2, 5, 6), (7, 6)]:  # any number of rows, not only the hint
+        x = torch.randn(*shape)
+        expected = torch.cat([lin(x) for lin in lins], dim=-1)
+        with torch.inference_mode():
+            torch.testing.assert_close(d(x), expected)
+    x = torch.randn(2, 5, 6)[:, -1]  # not contiguous (the LM head's last-position slice)
+    with torch.inference_mode():
+        torch.testing.assert_close(d(x), torch.cat([lin(x) for lin in lins], dim=-1))
 
 
 def test_linear_uses_a_current_copy_and_ignores_a_stale_one() -> None:
     lin = _linears(9)[0]
     x = torch.randn(2, 6)
+    lin.decode_weight = DecodeWeight.stack([Linear(6, 9)])  # another layer's numbers...
+    object.__setattr__(lin.decode_weight, "sources", (lin,))  # ...marked as lin's copy
+    object.__setattr__(lin.decode_weight, "stamps", lin.decode_weight.stamps[:0])
+    assert not lin.decode_weight.is_current()
     lin.decode_weight = DecodeWeight.stack([lin])
     with torch.no_grad():
-        lin.decode_weight.weight.mul_(2.0)  # mark the copy: used while current
-    torch.testing.assert_close(lin(x), F.linear(x, 2 * lin.weight, lin.bias))
-    with torch.no_grad():
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias))
         lin.weight.add_(1.0)  # an optimizer step: the copy is stale now
-    assert not lin.decode_weight.is_current()
-    torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias))
+        assert not lin.decode_weight.is_current()
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias))
 
 
 def test_a_replaced_parameter_makes_the_copy_stale() -> None:
@@ -64,23 +70,25 @@ def test_stack_rejects_bad_input() -> None:
         DecodeWeight.stack([Linear(3, 2), Linear(3, 2, bias=False)])
 
 
-@pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("block", [1, 4, 7, 100])
-def test_blocked_linear_equals_linear(bias: bool, block: int) -> None:
-    lin = _linears(7, bias=bias)[0]  # 7 outputs: blocks of 4 leave a remainder
-    x = torch.randn(2, 3, 6)
-    with torch.no_grad():
-        got = blocked_linear(x, lin.weight, lin.bias, block)
-        torch.testing.assert_close(got, F.linear(x, lin.weight, lin.bias))
-        lin.decode_block_rows = block
-        torch.testing.assert_close(lin(x), got)
-    with pytest.raises(ValueError, match="block_rows"):
-        blocked_linear(x, lin.weight, lin.bias, 0)
-
-
-def test_blocked_linear_keeps_autograd() -> None:
-    """With autograd on, the blocked product (not differentiable) is not used."""
+def test_the_copy_is_used_only_without_autograd() -> None:
+    """With autograd on, the parameter is used (the oneDNN product has no gradient)."""
     lin = _linears(7)[0]
-    lin.decode_block_rows = 2
-    lin(torch.randn(2, 6)).sum().backward()
-    assert lin.weight.grad is not None
+    lin.decode_weight = DecodeWeight.stack([lin])
+    calls: list[int] = []
+    original = DecodeWeight.__call__
+    try:
+        DecodeWeight.__call__ = lambda self, x: calls.append(1) or original(self, x)  # type: ignore[method-assign,func-returns-value]
+        lin(torch.randn(2, 6)).sum().backward()
+        assert lin.weight.grad is not None and not calls
+        with torch.no_grad():
+            lin(torch.randn(2, 6))
+        assert calls == [1]
+    finally:
+        DecodeWeight.__call__ = original  # type: ignore[method-assign]
+
+
+def test_stack_refuses_weights_it_cannot_reorder() -> None:
+    lin = Linear(4, 3).double()
+    assert not reordering_available(lin.weight)
+    with pytest.raises(ValueError, match="fp32 CPU weights"):
+        DecodeWeight.stack([lin])

@@ -9,8 +9,10 @@ larger, exits with status 2 and a message naming both figures; ``--ignore-memory
   the activations of one micro-batch of ``batch`` full-length sequences
   (:func:`~attnlab.analysis.memory.training_memory`).
 - Generation (:func:`estimate_generation`): the weights, a KV cache of ``prompt + new`` positions
-  for every sequence (beams included), and the prefill's transient tensors: the logits of every
-  prompt position and one layer's attention scores and probabilities.
+  for every sequence (beams included), the prefill's transient tensors (the logits of every
+  prompt position and one layer's attention scores and probabilities) and, for fp32 on the CPU,
+  the reordered weight copies that decoding keeps (:func:`attnlab.generation.layout.copy_numel`,
+  counted on a ``meta``-device model).
 
 The estimates are lower bounds (the allocator, the framework and the data add their own), so a
 run that passes can still come close to the limit; one that fails cannot fit.
@@ -98,9 +100,11 @@ def estimate_generation(
     max_new_tokens: int,
     num_beams: int = 1,
     dtype: str = "float32",
+    cpu: bool = True,
 ) -> MemoryEstimate | None:
     """Memory of generating ``max_new_tokens`` after ``batch`` prompts of ``prompt_len`` tokens
-    (``num_beams`` sequences each); ``None`` for a config that does not generate.
+    (``num_beams`` sequences each); ``None`` for a config that does not generate. ``cpu``: the
+    model runs on the CPU (fp32 decoding there keeps reordered weight copies).
 
     Raises:
         ValueError: for non-positive sizes or an unknown ``dtype``.
@@ -126,7 +130,22 @@ def estimate_generation(
         f"of {prompt_len} + {max_new_tokens} tokens)"
     )
     parts = {"weights": count_params(config) * a, "kv_cache": kv, "prefill": logits + scores}
+    if cpu and dtype == "float32":
+        parts["decode_copies"] = _decode_copy_numel(config) * FP32
     return MemoryEstimate(what, parts)
+
+
+def _decode_copy_numel(config: GPTConfig | TransformerConfig) -> int:
+    """Elements of the decoding copies of a model built from ``config`` (on ``meta``: free)."""
+    import torch
+
+    from attnlab.generation.layout import copy_numel
+    from attnlab.models.gpt import GPT
+    from attnlab.models.transformer import EncoderDecoderTransformer
+
+    with torch.device("meta"):
+        model = GPT(config) if isinstance(config, GPTConfig) else EncoderDecoderTransformer(config)
+    return copy_numel(model)
 
 
 def _read_int(file: Path) -> int | None:

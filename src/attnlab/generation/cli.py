@@ -14,8 +14,8 @@ text and the output is streamed to the terminal token by token (one prompt, gree
 without one, prompts are given as ids (``--ids``, repeatable) and ids are printed. Any of
 ``--temperature/--top-k/--top-p/--min-p`` switches sampling on (``--temperature 0``: greedy).
 For an encoder-decoder model the prompt is the source sentence. Bad input prints one
-``error:`` line and returns 2, as does a run whose estimated memory (weights, KV cache, prefill;
-:mod:`attnlab.analysis.memory_check`) exceeds the available RAM, unless
+``error:`` line and returns 2, as does a run whose estimated memory (weights, KV cache, prefill,
+decoding copies; :mod:`attnlab.analysis.memory_check`) exceeds the available RAM, unless
 ``--ignore-memory-check`` is given.
 """
 
@@ -159,6 +159,7 @@ def _check_memory(args: argparse.Namespace, prompts: list[list[int]]) -> None:
             config_from_json_dict(data), batch=len(prompts),
             prompt_len=max(1, *map(len, prompts)), max_new_tokens=max(args.max_new_tokens, 0),
             num_beams=max(args.num_beams, args.num_return_sequences, 1),
+            cpu=str(args.device).startswith("cpu"),
         )  # fmt: skip
     else:
         files = [f for f in Path(args.checkpoint).iterdir() if f.suffix in (".safetensors", ".bin")]

@@ -1,31 +1,28 @@
-"""Decode-time weight layout: input-major copies of the wide projections while decoding 1-2 rows.
+"""Decode-time weight layout: oneDNN-reordered copies of the projections that run per token.
 
-Decoding a sequence is a chain of matrix-vector products, each streaming a whole weight from
-memory; on CPU the input-major kernel (``x @ W`` with ``W`` stored ``(in, out)``, GPT-2's
-``Conv1D``) reads wide matrices faster than ``nn.Linear``'s ``(out, in)`` layout (see
-:mod:`attnlab.layers.linear`). :func:`decode_layout` gives, for the duration of one decoding call,
+Decoding is a chain of skinny matrix products, each streaming a whole weight from memory; on the
+CPU, oneDNN's inner product on a reordered weight streams it much faster than ``F.linear``
+(:mod:`attnlab.layers.linear`; ``benchmarks/decode_kernels.py``). :func:`decode_layout` gives,
+for the duration of one decoding call,
 
-- every decoder self-attention a stacked q/k/v copy (one product instead of three), and
-- every wide :class:`~attnlab.layers.linear.Linear` of the decoder layers and the LM head
-  (``out_features > in_features``: the FFN's up/gate projections, the vocabulary projection)
-  an input-major copy,
-- or, decoding more rows, the LM head a blocked product (no copy; see
-  :func:`~attnlab.layers.linear.blocked_linear`: 8 rows of GPT-2 small, 82 -> 73 ms per token
-  on one thread, 110 -> 78 ms on two),
+- every decoder self-attention a stacked q/k/v copy (one product instead of three),
+- every other projection of the decoder layers that runs per token (self-attention output,
+  cross-attention query and output, the FFN's linears) and the LM head a copy of its own,
 
-and detaches them afterwards. The parameters themselves are never touched (training, optimizer
-state and checkpoints see plain contiguous tensors); a copy whose source changes during the call
-is ignored (:meth:`~attnlab.layers.linear.DecodeWeight.is_current`). Making the copies costs a
-transposing copy of each weight (~0.4 s for GPT-2 small, the cost of ~40 tokens), so they are
-kept with the model between calls and made again only for weights that changed since (a model
-being trained gets fresh ones at each sampling call); :func:`release_copies` frees them.
+and detaches them afterwards. Cross-attention keys/values are projected once per call from the
+encoder memory and keep the parameters. The parameters themselves are never touched (training,
+optimizer state and checkpoints see plain contiguous tensors); a copy whose source changes
+during the call is ignored (:meth:`~attnlab.layers.linear.DecodeWeight.is_current`). Making the
+copies costs one pass over the weights (~0.3 s for GPT-2 small), so they are kept with the model
+between calls and made again only for weights that changed since (a model being trained gets
+fresh ones at each sampling call); :func:`release_copies` frees them.
 
-When it pays (GPT-2 small shapes, interleaved A/B of decode steps on the 2-core dev machine,
-indicative): 1 row, 27% less time per token (42 -> 31 ms, 1 thread); 2 rows, 29% less
-(76 -> 54 ms); 4 rows, no gain; 8 rows, 18% *more* with 2 threads. So only CPU models decoding
-at most :data:`MAX_ROWS` rows use it. The price is memory: the copies hold about 70% of GPT-2
-small's weights again (350 MB), from the first such call until the model goes or
-:func:`release_copies`.
+Measured effect (``benchmarks/generation.py``, GPT-2 small shapes, 2 threads): see
+``benchmarks/results/generation.md`` and the CHANGELOG (issue 13). The price is memory: the
+copies hold the decoder's weights again, about 1.0x GPT-2 small's weights (~0.5 GB), from the
+first decoding call until the model goes or :func:`release_copies`; the memory check of
+``attnlab generate`` counts them (:func:`copy_numel`). Models off the CPU, in another dtype than
+fp32, or without oneDNN decode with the parameters.
 """
 
 from __future__ import annotations
@@ -37,11 +34,8 @@ from contextlib import contextmanager
 from torch import nn
 
 from attnlab.layers.blocks import DecoderLayer
-from attnlab.layers.linear import DecodeWeight, Linear
+from attnlab.layers.linear import DecodeWeight, Linear, reordering_available
 from attnlab.layers.multihead import MultiHeadAttention
-
-MAX_ROWS = 2  # decoding more rows at once: small matrix products, no gain from the copies
-HEAD_BLOCK_ROWS = 2048  # vocabulary rows per block of the LM head's product for more rows
 
 # model -> {self-attention or linear -> its copy}; an entry goes with its model.
 _COPIES: weakref.WeakKeyDictionary[nn.Module, dict[nn.Module, DecodeWeight]] = (
@@ -50,24 +44,36 @@ _COPIES: weakref.WeakKeyDictionary[nn.Module, dict[nn.Module, DecodeWeight]] = (
 
 
 def _decoder_parts(model: nn.Module) -> tuple[list[MultiHeadAttention], list[Linear]]:
-    """The self-attentions and wide linears that run once per decoded token."""
+    """The self-attentions (stacked q/k/v) and other linears that run once per decoded token."""
     attentions: list[MultiHeadAttention] = []
     linears: list[Linear] = []
     for module in model.modules():
         if isinstance(module, DecoderLayer):
             attentions.append(module.self_attn)
+            linears.append(module.self_attn.out_proj)
+            if module.cross_attn is not None:
+                linears += [module.cross_attn.q_proj, module.cross_attn.out_proj]
             linears += [m for m in module.ffn.modules() if isinstance(m, Linear)]
     head = getattr(model, "lm_head", None)
     if isinstance(head, Linear):
         linears.append(head)
-    wide = [lin for lin in linears if lin.out_features > lin.in_features]
-    if not all(lin.weight.device.type == "cpu" for lin in wide):
-        return [], []
-    return attentions, wide
+    return attentions, linears
+
+
+def copy_numel(model: nn.Module) -> int:
+    """Number of weight and bias elements :func:`decode_layout` copies for ``model`` (any device,
+    ``meta`` included: for estimates before building)."""
+    attentions, linears = _decoder_parts(model)
+    layers = [lin for mha in attentions for lin in (mha.q_proj, mha.k_proj, mha.v_proj)]
+    tensors = [t for lin in [*layers, *linears] for t in (lin.weight, lin.bias) if t is not None]
+    return sum(t.numel() for t in tensors)
 
 
 def _current_copy(
-    copies: dict[nn.Module, DecodeWeight], owner: nn.Module, linears: Sequence[nn.Linear]
+    copies: dict[nn.Module, DecodeWeight],
+    owner: nn.Module,
+    linears: Sequence[nn.Linear],
+    rows: int,
 ) -> DecodeWeight:
     """``owner``'s cached copy of ``linears``, made again if they changed since."""
     old = copies.pop(owner, None)
@@ -75,46 +81,39 @@ def _current_copy(
         copies[owner] = old
     else:
         del old  # free the stale copy before making the new one
-        copies[owner] = DecodeWeight.stack(linears)
+        copies[owner] = DecodeWeight.stack(linears, rows)
     return copies[owner]
 
 
 @contextmanager
 def decode_layout(model: nn.Module, rows: int) -> Iterator[None]:
-    """Give ``model``'s per-token projections input-major copies while decoding a few rows.
+    """Give ``model``'s per-token projections reordered copies for one decoding call.
 
     The copies are kept with the model for the next call (made again only for weights that
     changed); :func:`release_copies` frees them.
 
     Args:
         model: the model about to decode (its modules get copies; parameters are unchanged).
-        rows: how many rows are decoded together; more than :data:`MAX_ROWS` decodes with the
-            parameters themselves, the LM head in blocks of :data:`HEAD_BLOCK_ROWS` vocabulary
-            rows (:func:`~attnlab.layers.linear.blocked_linear`). A model off the CPU is left
-            as it is.
+        rows: how many rows are decoded together (a layout hint for new copies; the copies
+            serve any number of rows). A model whose weights are not fp32 on the CPU, or a
+            torch without oneDNN, is left as it is.
     """
-    attentions, wide = _decoder_parts(model)  # none off the CPU
-    head = next((lin for lin in wide if lin is getattr(model, "lm_head", None)), None)
-    if rows > MAX_ROWS:  # no copies; the LM head's product in blocks
-        attentions, wide = [], []
-    else:
-        head = None
-    copies = _COPIES.setdefault(model, {}) if wide or attentions else {}
+    attentions, linears = _decoder_parts(model)
+    weights = [lin.weight for lin in linears] + [m.q_proj.weight for m in attentions]
+    if not all(reordering_available(w) for w in weights):
+        attentions, linears = [], []
+    copies = _COPIES.setdefault(model, {}) if linears or attentions else {}
     try:
         for mha in attentions:
-            mha.decode_qkv = _current_copy(copies, mha, [mha.q_proj, mha.k_proj, mha.v_proj])
-        for lin in wide:
-            lin.decode_weight = _current_copy(copies, lin, [lin])
-        if head is not None:
-            head.decode_block_rows = HEAD_BLOCK_ROWS
+            mha.decode_qkv = _current_copy(copies, mha, [mha.q_proj, mha.k_proj, mha.v_proj], rows)
+        for lin in linears:
+            lin.decode_weight = _current_copy(copies, lin, [lin], rows)
         yield
     finally:
         for mha in attentions:
             mha.decode_qkv = None
-        for lin in wide:
+        for lin in linears:
             lin.decode_weight = None
-        if head is not None:
-            head.decode_block_rows = None
 
 
 def release_copies(model: nn.Module) -> None:
@@ -122,4 +121,4 @@ def release_copies(model: nn.Module) -> None:
     _COPIES.pop(model, None)
 
 
-__all__ = ["HEAD_BLOCK_ROWS", "MAX_ROWS", "decode_layout", "release_copies"]
+__all__ = ["copy_numel", "decode_layout", "release_copies"]

@@ -7,10 +7,10 @@ The h per-head projections are one ``(E, H·D)`` linear each (``q_proj``, ``k_pr
 reshaped into heads; ``out_proj`` is W^O. With ``n_kv_heads < n_heads`` several query heads share
 one key/value head (GQA; ``n_kv_heads=1`` is multi-query attention).
 
-While decoding one or two rows, :attr:`MultiHeadAttention.decode_qkv` may hold W^Q, W^K, W^V stacked
-in one input-major matrix (:class:`~attnlab.layers.linear.DecodeWeight`, set by
-:func:`attnlab.generation.layout.decode_layout`): self-attention then projects with one
-matrix-vector product instead of three, the faster kernel on CPU. Training never uses it.
+While decoding, :attr:`MultiHeadAttention.decode_qkv` may hold W^Q, W^K, W^V stacked in one
+reordered copy (:class:`~attnlab.layers.linear.DecodeWeight`, set by
+:func:`attnlab.generation.layout.decode_layout`): self-attention then projects with one product
+instead of three, on the faster kernel. Training never uses it.
 
 Shapes: B batch, T queries, S keys, E d_model, H heads, H_kv kv heads, D = E / H head dim.
 Masks: bool True = may attend, float additive, broadcastable to (B, H, T, S); a 2-D mask is
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import cast
 
-import torch.nn.functional as F
+import torch
 from torch import Tensor, nn
 
 from attnlab.layers.attention import scaled_dot_product_attention
@@ -90,9 +90,9 @@ class MultiHeadAttention(nn.Module):
     def _self_projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q ``(B, H, T, D)``, k and v ``(B, H_kv, T, D)`` of self-attention."""
         d = self.decode_qkv
-        if d is not None and d.is_current():
+        if d is not None and not torch.is_grad_enabled() and d.is_current():
             kv = self.n_kv_heads * self.d_head
-            q, k, v = F.linear(x, d.weight, d.bias).split((self.d_model, kv, kv), dim=-1)
+            q, k, v = d(x).split((self.d_model, kv, kv), dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, T, H·D | H_kv·D)
         return (
