@@ -14,9 +14,17 @@ import torch
 
 import attnlab
 from attnlab import GPT, GPTConfig
+from attnlab.generation import layout as layout_module
 from attnlab.generation import stream
-from attnlab.generation.layout import _COPIES, copy_numel, decode_layout, release_copies
+from attnlab.generation.layout import _COPIES, MAX_ROWS, copy_numel, decode_layout, release_copies
+from attnlab.layers import linear as linear_module
 from attnlab.layers.linear import Linear
+
+
+def _all_large(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every weight count as large: reordered (oneDNN) copies, whatever the rows."""
+    monkeypatch.setattr(linear_module, "ONEDNN_MIN_NUMEL", 0)
+    monkeypatch.setattr(layout_module, "ONEDNN_MIN_NUMEL", 0)
 
 
 @pytest.fixture(autouse=True)
@@ -53,7 +61,12 @@ def _gpt(**overrides: object) -> GPT:
     "overrides",
     [{}, {"n_kv_heads": 2, "pos_encoding": "rope", "activation": "swiglu", "bias": False}],
 )
-def test_logits_inside_equal_logits_outside(overrides: dict[str, object]) -> None:
+@pytest.mark.parametrize("large", [False, True])
+def test_logits_inside_equal_logits_outside(
+    overrides: dict[str, object], large: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if large:
+        _all_large(monkeypatch)
     model = _gpt(**overrides)
     ids = torch.randint(0, 50, (1, 7))
     with torch.inference_mode():
@@ -61,15 +74,20 @@ def test_logits_inside_equal_logits_outside(overrides: dict[str, object]) -> Non
         with decode_layout(model, rows=1):
             attn = model.layers[0].self_attn
             assert attn.decode_qkv is not None and attn.decode_qkv.is_current()
-            assert model.lm_head.decode_weight is not None
-            assert model.layers[0].ffn.down_proj.decode_weight is not None
-            assert model.layers[0].self_attn.out_proj.decode_weight is not None
+            assert model.lm_head.decode_weight is not None  # wide: 32 -> 50
+            narrow = model.layers[0].ffn.down_proj.decode_weight  # 64 -> 32
+            assert (narrow is not None) == large  # small and narrow: no copy
+            assert (model.layers[0].self_attn.out_proj.decode_weight is not None) == large
+            assert model.lm_head.decode_weight.reordered == large
             assert model.layers[0].self_attn.q_proj.decode_weight is None  # stacked instead
             got, _ = model(ids)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_encoder_decoder_copies_skip_the_memory_projections() -> None:
+def test_encoder_decoder_copies_skip_the_memory_projections(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _all_large(monkeypatch)
     torch.manual_seed(0)
     model = attnlab.build_model("transformer-tiny").eval()
     with decode_layout(model, rows=2):
@@ -96,13 +114,17 @@ def test_parameters_are_untouched_and_copies_detached() -> None:
     assert all(layer.self_attn.decode_qkv is None for layer in model.layers)
 
 
-def test_many_rows_use_the_copies_too() -> None:
+@pytest.mark.parametrize("large", [False, True])
+def test_many_rows_use_only_reordered_copies(large: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if large:
+        _all_large(monkeypatch)
     model = _gpt()
-    ids = torch.randint(0, 50, (5, 7))
+    ids = torch.randint(0, 50, (MAX_ROWS + 1, 7))
     with torch.inference_mode():
         expected, _ = model(ids)
-        with decode_layout(model, rows=5):
-            assert model.lm_head.decode_weight is not None
+        with decode_layout(model, rows=MAX_ROWS + 1):
+            assert (model.lm_head.decode_weight is not None) == large
+            assert (model.layers[0].self_attn.decode_qkv is not None) == large
             got, _ = model(ids)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
@@ -140,10 +162,10 @@ def test_weights_changed_mid_stream_are_used(monkeypatch: pytest.MonkeyPatch) ->
 def test_generate_few_rows_equals_many_rows() -> None:
     """Rows decoded in a small batch get the tokens they get in a big one."""
     model = _gpt()
-    ids = torch.randint(0, 50, (3, 6))
-    few = attnlab.generate(model, ids[:2], max_new_tokens=16, eos_id=())
+    ids = torch.randint(0, 50, (MAX_ROWS + 1, 6))
+    few = attnlab.generate(model, ids[:MAX_ROWS], max_new_tokens=16, eos_id=())
     many = attnlab.generate(model, ids, max_new_tokens=16, eos_id=())
-    assert torch.equal(few, many[:2])
+    assert torch.equal(few, many[:MAX_ROWS])
 
 
 def test_copies_are_kept_between_calls_and_made_again_when_stale() -> None:

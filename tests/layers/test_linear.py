@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.layers import linear as linear_module
 from attnlab.layers.linear import DecodeWeight, Linear, reordering_available
 
 
@@ -24,10 +25,17 @@ def test_linear_is_nn_linear_with_the_same_state_dict() -> None:
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_stacked_copy_equals_the_separate_layers(bias: bool) -> None:
+def test_stacked_copy_equals_the_separate_layers(
+    bias: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     lins = _linears(4, 2, 2, bias=bias)  # q, k, v of a GQA layer: different widths
+    small = DecodeWeight.stack(lins, rows=3)
+    assert not small.reordered and small.weight.stride() == (1, 8)  # input-major (6, 8) buffer
+    monkeypatch.setattr(linear_module, "ONEDNN_MIN_NUMEL", 0)  # as if the weights were large
     d = DecodeWeight.stack(lins, rows=3)
-    assert d.weight.shape == (8, 6) and d.weight.is_mkldnn  # oneDNN's layout
+    assert d.weight.shape == (8, 6) and d.reordered  # oneDNN's layout
+    with torch.inference_mode():
+        torch.testing.assert_close(small(torch.ones(2, 6)), d(torch.ones(2, 6)))
     for shape in [(3, 1, 6), (2, 5, 6), (7, 6)]:  # any number of rows, not only the hint
         x = torch.randn(*shape)
         expected = torch.cat([lin(x) for lin in lins], dim=-1)

@@ -12,8 +12,12 @@ oneDNN as shipped in the torch 2.13 CPU wheel; ``benchmarks/decode_kernels.py``,
 shapes, weights streamed so none is served from cache), oneDNN's inner product on a reordered
 weight read the weights at 19-28 GB/s where ``F.linear`` (MKL) read 7-18 GB/s: 20.2 vs 35.2 ms
 of products per token for 1 row, 22.9 vs 57.4 ms for 8 rows. The reordered copy serves any
-number of rows (the reorder only takes the row count as a hint), so one copy per weight covers
-prefill, decoding and beam search. Training keeps plain contiguous parameters.
+number of rows (the reorder only takes the row count as a hint). Small weights are another
+matter: oneDNN's fixed cost per call outweighs the bandwidth (a d_model 128 GPT decoded 1.8x
+slower), so weights under :data:`ONEDNN_MIN_NUMEL` elements get an *input-major* copy instead
+(``(in, out)`` storage, GPT-2's ``Conv1D`` layout, used through a transposed view; MKL's kernel
+for it beats ``nn.Linear``'s layout on wide matrices read by 1-2 rows). Training keeps plain
+contiguous parameters.
 
 A copy is *current* while the layers it was made from still hold the same tensors, unchanged (same
 storage and version counter): a weight updated in place (an optimizer step, ``load_state_dict``) or
@@ -39,6 +43,9 @@ def _stamps(linears: Sequence[nn.Linear]) -> tuple[tuple[int, int, int], ...]:
     return tuple((id(t), t.data_ptr(), 0 if t.is_inference() else t._version) for t in tensors)
 
 
+ONEDNN_MIN_NUMEL = 1 << 18  # elements (1 MiB of fp32): smaller copies are input-major
+
+
 def reordering_available(weight: Tensor) -> bool:
     """Whether :class:`DecodeWeight` can copy ``weight``: an fp32 CPU tensor with oneDNN present."""
     return (
@@ -50,13 +57,15 @@ def reordering_available(weight: Tensor) -> bool:
 
 @dataclass(frozen=True)
 class DecodeWeight:
-    """Weights (and biases) of one or more linears stacked along ``out``, reordered for oneDNN.
+    """Weights (and biases) of one or more linears stacked along ``out``, in a decoding layout.
 
-    Calling it computes ``F.linear(x, stacked weight, stacked bias)`` with oneDNN's inner product
-    (inference only: no autograd).
+    Calling it computes ``F.linear(x, stacked weight, stacked bias)`` (inference only: no
+    autograd): with oneDNN's inner product for a reordered copy, with MKL for an input-major one.
 
     Attributes:
-        weight: ``(sum out, in)`` oneDNN tensor (``is_mkldnn``) in the kernel's layout.
+        weight: ``(sum out, in)``: a oneDNN tensor (``is_mkldnn``) in the kernel's layout, or,
+            below :data:`ONEDNN_MIN_NUMEL` elements, an ``(in, sum out)`` buffer seen transposed
+            (strides ``(1, sum out)``).
         bias: ``(sum out,)`` or ``None``.
         sources: the layers copied; ``stamps``: their tensors' identity, storage and version at
             copy time.
@@ -69,7 +78,8 @@ class DecodeWeight:
 
     @classmethod
     def stack(cls, linears: Sequence[nn.Linear], rows: int | None = None) -> DecodeWeight:
-        """Copy ``linears``' weights (same ``in_features``) stacked in order, reordered.
+        """Copy ``linears``' weights (same ``in_features``) stacked in order: reordered for
+        oneDNN, or input-major below :data:`ONEDNN_MIN_NUMEL` elements.
 
         Args:
             linears: the layers, fp32 on the CPU.
@@ -95,14 +105,24 @@ class DecodeWeight:
             )
         with torch.no_grad():
             weights = [lin.weight.detach() for lin in linears]
-            stacked = weights[0] if len(weights) == 1 else torch.cat(weights)  # (sum out, in)
-            reordered = torch.ops.mkldnn._reorder_linear_weight(stacked.contiguous(), rows)
+            if sum(w.numel() for w in weights) >= ONEDNN_MIN_NUMEL:
+                stacked = weights[0] if len(weights) == 1 else torch.cat(weights)  # (out, in)
+                copy = torch.ops.mkldnn._reorder_linear_weight(stacked.contiguous(), rows)
+            else:
+                copy = torch.cat([w.t() for w in weights], dim=1).contiguous().t()
             bias = None if biases[0] is None else torch.cat([b for b in biases if b is not None])
-        return cls(reordered, bias, tuple(linears), _stamps(linears))
+        return cls(copy, bias, tuple(linears), _stamps(linears))
+
+    @property
+    def reordered(self) -> bool:
+        """True for a oneDNN copy, False for an input-major one."""
+        return bool(self.weight.is_mkldnn)
 
     def __call__(self, x: Tensor) -> Tensor:
         """x ``(..., in)`` -> ``(..., sum out)`` (no autograd)."""
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        if self.weight.is_mkldnn:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
 
     def is_current(self) -> bool:
         """True while no source weight or bias has been replaced or modified in place."""
@@ -127,4 +147,4 @@ class Linear(nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
 
-__all__ = ["DecodeWeight", "Linear", "reordering_available"]
+__all__ = ["ONEDNN_MIN_NUMEL", "DecodeWeight", "Linear", "reordering_available"]
