@@ -1,4 +1,5 @@
-"""Shared fixtures: deterministic seeding and weight copying from ``torch.nn`` reference modules.
+"""Shared fixtures: deterministic seeding, one torch thread on request, and weight copying from
+``torch.nn`` reference modules.
 
 The copiers map PyTorch's module names onto ours so parity tests can run the same weights through
 both implementations:
@@ -13,7 +14,7 @@ both implementations:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -23,6 +24,16 @@ from torch import nn
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Run a test on one torch thread: tiny models run fastest that way, and a busy shared
+    machine cannot stall them. Modules opt in with ``pytest.mark.usefixtures("one_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def _copy_linear(dst: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None) -> None:

@@ -4,7 +4,6 @@ penalty by its formula, score order, EOS handling, batching, beam 1 == greedy.""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,15 +14,9 @@ import attnlab
 from attnlab import GPT, EncoderDecoderTransformer, GPTConfig, TransformerConfig
 from attnlab.generation import LENGTH_NORMS, beam_search, gnmt_length_penalty
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 EOS, S, A, B, C, D = range(6)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def bigram_table() -> Tensor:

@@ -8,7 +8,6 @@ encoder-decoder model and a batch of left-padded prompts.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,18 +18,11 @@ import attnlab
 from attnlab import GPT, EncoderDecoderTransformer, GPTConfig, TransformerConfig
 from attnlab.generation import StepOutput, stream
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 V = 61
 STEPS = 64
 ATOL = 1e-5
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread, and a busy shared machine cannot stall them."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @torch.no_grad()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,15 +13,9 @@ import attnlab
 from attnlab import GPT, GPTConfig
 from attnlab.generation.cli import add_generate_subparser, main
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 WORDS = ["<eos>", "the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far"]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ bound for α > 0.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -24,16 +23,10 @@ from torch import Tensor
 import attnlab
 from attnlab.generation import beam_search
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 V = 97
 MARIAN_PAD, MARIAN_EOS = 96, 0
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import copy
 import dataclasses
 import gc
 import importlib
-from collections.abc import Iterator
 from contextlib import nullcontext
 
 import pytest
@@ -20,19 +19,13 @@ from attnlab.generation.layout import _COPIES, MAX_ROWS, copy_numel, decode_layo
 from attnlab.layers import linear as linear_module
 from attnlab.layers.linear import Linear
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 
 def _all_large(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make every weight count as large: reordered (oneDNN) copies, whatever the rows."""
     monkeypatch.setattr(linear_module, "ONEDNN_MIN_NUMEL", 0)
     monkeypatch.setattr(layout_module, "ONEDNN_MIN_NUMEL", 0)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _gpt(**overrides: object) -> GPT:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,15 +23,9 @@ from attnlab.generation import (
 )
 from attnlab.generation.processors import select_tokens
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 NINF = float("-inf")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def logits_of(*probs: list[float]) -> Tensor:

@@ -28,7 +28,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +44,13 @@ from attnlab.training.distributed import DistributedContext, rank_seed
 from attnlab.training.objectives import CausalLMObjective
 from attnlab.training.trainer import Trainer
 
-pytestmark = pytest.mark.skipif(
-    not (dist.is_available() and dist.is_gloo_available()),
-    reason="this PyTorch build has no torch.distributed with the gloo backend",
-)
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
+    pytest.mark.skipif(
+        not (dist.is_available() and dist.is_gloo_available()),
+        reason="this PyTorch build has no torch.distributed with the gloo backend",
+    ),
+]
 
 TOL = 1e-6
 ARGS = [
@@ -58,14 +60,6 @@ ARGS = [
     "--eval_batches=2", "--log_every=1", "--no-progress",
 ]  # fmt: skip
 LAUNCH_TIMEOUT_S = 180  # a hung collective would wait 30 min (gloo's default timeout)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 # -- helpers -------------------------------------------------------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,21 +19,14 @@ from attnlab.training.objectives import CausalLMObjective
 from attnlab.training.state import latest_checkpoint, load_training_state
 from attnlab.training.trainer import Trainer
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 # dropout > 0 so that the global RNG state matters too
 TINY = GPTConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=1, d_ff=32, max_seq_len=8,
                  dropout=0.1, eos_id=None)  # fmt: skip
 CONFIG = TrainConfig(steps=8, batch_size=4, grad_accum=2, schedule="cosine", warmup=2, lr=1e-2,
                      optimizer="adamw", weight_decay=0.1, clip_grad_norm=1.0,
                      label_smoothing=0.1, eval_every=3, progress=False, log_every=1)  # fmt: skip
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models run fastest single-threaded (and the test machine is shared)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _trainer(run_dir: Path) -> Trainer:

@@ -4,7 +4,6 @@ evaluation/early stopping, metrics.jsonl."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,17 +17,10 @@ from attnlab.training.objectives import CausalLMObjective
 from attnlab.training.optim import classify_parameters, parameter_groups
 from attnlab.training.trainer import Trainer, clip_gradients
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 TINY = GPTConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=1, d_ff=32, max_seq_len=8,
                  dropout=0.0, eos_id=None)  # fmt: skip
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models run fastest single-threaded (and the test machine is shared)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _setup(seed: int = 0, **overrides: object) -> tuple[GPT, CausalLMObjective, TrainConfig]:
