@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from attnlab.analysis.attention_bench import machine_info
+from attnlab.analysis.attention_bench import describe_machine, machine_info
 
 RESULTS = Path(__file__).resolve().parent / "results"
 D, LAYERS, VOCAB = 768, 12, 50257
@@ -110,9 +110,9 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         "# Decode kernels (benchmarks/decode_kernels.py)",
         "",
-        f"torch {m.get('torch')}, {results['threads']} threads, {m.get('processor', '')}, "
-        f"{results['date']}. ms per product (GB/s of weight read), median of "
-        f"{results['rounds']} rounds, weights streamed so none is served from cache.",
+        f"{describe_machine(m, results['threads'])}, {results['date']}. ms per product (GB/s "
+        f"of weight read), median of {results['rounds']} rounds, weights streamed so none "
+        "is served from cache.",
         "",
     ]
     for rows, shapes in results["rows"].items():

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 import attnlab
-from attnlab.analysis.attention_bench import machine_info
+from attnlab.analysis.attention_bench import describe_machine, machine_info
 from attnlab.generation import stream
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -196,8 +196,7 @@ def format_markdown(results: dict[str, Any]) -> str:
     lines = [
         "# Generation speed (benchmarks/generation.py)",
         "",
-        f"`{meta['command']}` on {meta['platform']} ({meta['processor']}, {meta['cpu_count']} "
-        f"CPUs, {meta['threads']} torch threads), torch {meta['torch']}, transformers "
+        f"{describe_machine(meta, meta['threads'])}, transformers "
         f"{meta['transformers']}, {meta['date_utc']}. Greedy, random weights, EOS off, "
         f"{meta['prompt_len']}-token prompts, medians of {meta['repeats']} interleaved rounds. "
         f"Memory copy (256 MiB, read + write): {meta['copy_gb_s']:.1f} GB/s.",

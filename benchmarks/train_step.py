@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import attnlab
-from attnlab.analysis.attention_bench import machine_info
+from attnlab.analysis.attention_bench import describe_machine, machine_info
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -379,8 +379,7 @@ def format_markdown(results: dict[str, Any]) -> str:
     lines = [
         "# Train-step speed (benchmarks/train_step.py)",
         "",
-        f"`{meta['command']}` on {meta['platform']} ({meta['processor']}, {meta['cpu_count']} "
-        f"CPUs, {meta['threads']} torch threads), torch {meta['torch']}, transformers "
+        f"{describe_machine(meta, meta['threads'])}, transformers "
         f"{meta.get('transformers', '-')}, x-transformers {meta.get('x_transformers', '-')}, "
         f"{meta['date_utc']}. fp32, forward + backward + AdamW(fused), dropout 0; medians of "
         f"{meta['rounds']} interleaved rounds of {meta['steps']} step(s).",

@@ -299,6 +299,16 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def describe_machine(meta: dict[str, Any], threads: int | None = None) -> str:
+    """The opening of a report: `` `command` on platform (processor, N CPUs[, T torch threads]),
+    torch X`` from a :func:`machine_info` dict."""
+    extra = "" if threads is None else f", {threads} torch threads"
+    return (
+        f"`{meta['command']}` on {meta['platform']} ({meta['processor']}, "
+        f"{meta['cpu_count']} CPUs{extra}), torch {meta['torch']}"
+    )
+
+
 def run_benchmark(
     config: BenchConfig, progress: Callable[[CaseResult], None] | None = None
 ) -> dict[str, Any]:

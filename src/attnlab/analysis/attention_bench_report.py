@@ -23,6 +23,7 @@ from attnlab.analysis.attention_bench import (
     DEFAULT_SEQ_LENS,
     BenchConfig,
     CaseResult,
+    describe_machine,
     parse_seq_lens,
     run_benchmark,
 )
@@ -181,9 +182,7 @@ def format_markdown(results: dict[str, Any]) -> str:
     lines = [
         "# Attention scaling",
         "",
-        f"`{meta['command']}` on {meta['platform']} ({meta['processor']}, "
-        f"{meta['cpu_count']} CPUs), Python {meta['python']}, torch {meta['torch']}, "
-        f"{meta['date_utc']}.",
+        f"{describe_machine(meta)}, Python {meta['python']}, {meta['date_utc']}.",
         "",
         f"B={cfg['batch']}, H={cfg['heads']}, D={cfg['d_head']}, {cfg['dtype']} on "
         f"{cfg['device']}, {'causal' if cfg['causal'] else 'bidirectional'}, "
