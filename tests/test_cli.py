@@ -11,7 +11,7 @@ import torch
 
 from attnlab.cli import build_parser, main
 from attnlab.models import EncoderDecoderTransformer
-from attnlab.training import load_checkpoint
+from attnlab.pretrained import load_attnlab
 
 TINY = [
     "--steps", "20", "--batch-size", "8", "--d-model", "16", "--d-ff", "32", "--heads", "2",
@@ -33,7 +33,7 @@ def test_python_m_attnlab_train_reverse(tmp_path: Path) -> None:
     assert "held-out exact match:" in proc.stdout
     assert "trained 20 steps" in proc.stdout
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
-    model = load_checkpoint(out)
+    model = load_attnlab(out)
     assert isinstance(model, EncoderDecoderTransformer)
     assert model.config.d_model == 16 and model.config.vocab_size == 8
 

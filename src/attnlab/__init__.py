@@ -8,7 +8,6 @@ search with the KV cache), and the layer package :mod:`attnlab.layers`.
 
 from attnlab.analysis.params import count_params
 from attnlab.generation.generate import generate
-from attnlab.hub import from_pretrained, save_pretrained
 from attnlab.models import (
     BERT,
     GPT,
@@ -24,6 +23,7 @@ from attnlab.models import (
     config_for,
     mask_tokens,
 )
+from attnlab.pretrained import from_pretrained, save_pretrained
 from attnlab.sentence import embed
 
 __version__ = "0.1.0"

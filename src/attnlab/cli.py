@@ -29,7 +29,7 @@ from attnlab.training import (
     LoopConfig,
     ReverseTask,
     evaluate_exact_match,
-    save_checkpoint,
+    save_pretrained,
     train,
 )
 from attnlab.training.cli import (
@@ -218,7 +218,7 @@ def _train_reverse(args: argparse.Namespace) -> int:
         f"held-out exact match: {accuracy:.2%} ({round(accuracy * n)}/{n} sequences of length "
         f"{args.min_len}-{args.max_len}, greedy decoding)"
     )
-    out = save_checkpoint(model, args.out)
+    out = save_pretrained(model, args.out)
     print(f"checkpoint: {out} ({time.monotonic() - start:.1f} s total)")
     return 0
 

@@ -73,8 +73,8 @@ def embed(
         ValueError: for a model object without a tokenizer or ``batch_size < 1``.
         TypeError: for a model that is neither BERT nor GPT.
     """
-    from attnlab.hub import from_pretrained
     from attnlab.interop.tokenizer import load_tokenizer, sentence_max_length
+    from attnlab.pretrained import from_pretrained
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")

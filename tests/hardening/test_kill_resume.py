@@ -50,7 +50,8 @@ from typing import Any
 import pytest
 import torch
 
-from attnlab.training.checkpoint import atomic_write_text, load_checkpoint, remove_stale_temp_files
+from attnlab.io import atomic_write_text, remove_stale_temp_files
+from attnlab.pretrained import load_attnlab
 from attnlab.training.state import latest_checkpoint, load_training_state
 
 pytestmark = pytest.mark.skipif(
@@ -196,7 +197,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     found = latest_checkpoint(run_dir)
     assert found is not None, f"no checkpoint in {run_dir}"
-    return load_checkpoint(found).state_dict()
+    return load_attnlab(found).state_dict()
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -214,14 +215,14 @@ def check_checkpoints(run_dir: Path) -> int:
     dirs = sorted(root.iterdir()) if root.is_dir() else []
     for d in (p for p in dirs if p.is_dir()):
         try:
-            state = load_training_state(d, load_checkpoint(d))
+            state = load_training_state(d, load_attnlab(d))
         except FileNotFoundError:  # killed before its last file was in place
             assert d != latest, f"latest names the incomplete {d}"
             continue
         assert int(state["step"]) == int(d.name.removeprefix("step_")), d
     if latest is None:
         return 0
-    state = load_training_state(latest, load_checkpoint(latest))  # raises if corrupt
+    state = load_training_state(latest, load_attnlab(latest))  # raises if corrupt
     return int(state["step"])
 
 

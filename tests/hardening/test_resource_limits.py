@@ -24,14 +24,14 @@ import torch
 
 import attnlab
 from attnlab import BERTConfig, GPTConfig, TransformerConfig, ViTConfig, build_model
+from attnlab import pretrained as checkpoint_module
 from attnlab.analysis import count_params, kv_cache_bytes, training_memory
 from attnlab.analysis import memory_check as mc
 from attnlab.analysis.report import human_bytes
 from attnlab.cli import main
 from attnlab.generation.layout import copy_numel
-from attnlab.hub import check_param_count, safetensors_numel
 from attnlab.interop import CheckpointMismatchError, save_hf
-from attnlab.training import checkpoint as checkpoint_module
+from attnlab.pretrained import check_param_count, safetensors_numel
 from attnlab.training import recipes
 from attnlab.training.baselines import CNNConfig
 

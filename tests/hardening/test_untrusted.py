@@ -4,7 +4,7 @@
   checkpoint directory can hold one (``pytorch_model.bin`` in the zip and the legacy format,
   ``.bin`` shards, a pickle named ``model.safetensors`` in attnlab's and Hugging Face's layout,
   a payload hidden next to real tensors): :func:`attnlab.from_pretrained` raises and the marker
-  file the payload would create does not exist. ``tests/interop/test_hub.py`` has the basic
+  file the payload would create does not exist. ``tests/interop/test_pretrained.py`` has the basic
   ``Path.touch`` case; these extend it.
 - Configs are JSON data: code in string values, dunder keys, ``auto_map`` with a ``.py`` file
   beside it (Hugging Face's remote code) are rejected or ignored, never imported or evaluated.

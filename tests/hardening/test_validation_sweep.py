@@ -398,7 +398,7 @@ ROWS: list[Row] = [
     Row("checkpoints", "from_pretrained", "a shard index naming a file outside the directory", lambda: attnlab.from_pretrained("ckpt/escape"), ValueError),
     Row("checkpoints", "GPT.from_pretrained", "a directory that holds a BERT", lambda: GPT.from_pretrained("ckpt/a_bert"), TypeError),
     Row("checkpoints", "save_pretrained", "a model without .config", lambda: attnlab.save_pretrained(nn.Linear(2, 2), "out"), ValueError),
-    Row("checkpoints", "save_pretrained", "a path that is a file", lambda: attnlab.save_pretrained(model("gpt"), "a_file"), FileExistsError),
+    Row("checkpoints", "save_pretrained", "a path that is a file", lambda: attnlab.save_pretrained(model("gpt"), "a_file"), NotADirectoryError),
     Row("checkpoints", "save_hf", "a model without .config", lambda: save_hf(nn.Linear(2, 2), "out"), ValueError),
     Row("checkpoints", "save_hf", "a model with no Hugging Face equivalent", lambda: save_hf(build_model(gpt_cfg(pos_encoding="sinusoidal")), "out"), attnlab.interop.UnsupportedCheckpointError),
     Row("checkpoints", "load_tokenizer", "a directory without tokenizer.json", lambda: load_tokenizer("ckpt/no_config"), FileNotFoundError),

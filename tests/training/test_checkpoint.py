@@ -8,15 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnlab import pretrained as checkpoint
 from attnlab.models import EncoderDecoderTransformer, TransformerConfig
-from attnlab.training import checkpoint
-from attnlab.training.checkpoint import (
-    CONFIG_NAME,
-    WEIGHTS_NAME,
-    load_checkpoint,
-    load_config,
-    save_checkpoint,
-)
+from attnlab.pretrained import CONFIG_NAME, WEIGHTS_NAME, load_attnlab, load_config, save_pretrained
 
 
 def _model(**overrides: object) -> EncoderDecoderTransformer:
@@ -52,9 +46,9 @@ def _outputs(model: torch.nn.Module) -> torch.Tensor:
 )
 def test_round_trip_is_exact(tmp_path: Path, overrides: dict[str, object]) -> None:
     model = _model(**overrides)
-    save_checkpoint(model, tmp_path / "ckpt")
+    save_pretrained(model, tmp_path / "ckpt")
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [CONFIG_NAME, WEIGHTS_NAME]
-    loaded = load_checkpoint(tmp_path / "ckpt")
+    loaded = load_attnlab(tmp_path / "ckpt")
     assert isinstance(loaded, EncoderDecoderTransformer)
     assert not loaded.training
     assert loaded.config == model.config
@@ -64,7 +58,7 @@ def test_round_trip_is_exact(tmp_path: Path, overrides: dict[str, object]) -> No
 
 
 def test_config_json_is_readable(tmp_path: Path) -> None:
-    save_checkpoint(_model(), tmp_path)
+    save_pretrained(_model(), tmp_path)
     data = json.loads((tmp_path / CONFIG_NAME).read_text())
     assert data["model_type"] == "transformer" and data["d_model"] == 16
     assert load_config(tmp_path) == _model().config
@@ -77,7 +71,7 @@ def _snapshot(directory: Path) -> dict[str, bytes]:
 def test_failed_weights_write_keeps_the_old_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    save_checkpoint(_model(), tmp_path)
+    save_pretrained(_model(), tmp_path)
     before = _snapshot(tmp_path)
 
     def broken_save(model: torch.nn.Module, filename: str) -> None:
@@ -87,7 +81,7 @@ def test_failed_weights_write_keeps_the_old_checkpoint(
     monkeypatch.setattr(checkpoint, "save_model", broken_save)
     other = _model(d_ff=48)
     with pytest.raises(OSError, match="disk full"):
-        save_checkpoint(other, tmp_path)
+        save_pretrained(other, tmp_path)
     assert _snapshot(tmp_path) == before  # old files intact, no temporary files left
     assert load_config(tmp_path).d_ff == 32
 
@@ -95,7 +89,7 @@ def test_failed_weights_write_keeps_the_old_checkpoint(
 def test_failed_config_write_keeps_the_old_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    save_checkpoint(_model(), tmp_path)
+    save_pretrained(_model(), tmp_path)
     before = _snapshot(tmp_path)
     real_write_text = Path.write_text
 
@@ -105,29 +99,29 @@ def test_failed_config_write_keeps_the_old_checkpoint(
 
     monkeypatch.setattr(Path, "write_text", broken_write_text)
     with pytest.raises(OSError, match="interrupted"):
-        save_checkpoint(_model(d_ff=48), tmp_path)
+        save_pretrained(_model(d_ff=48), tmp_path)
     monkeypatch.undo()
     assert _snapshot(tmp_path) == before
 
 
 def test_unknown_config_key_is_rejected(tmp_path: Path) -> None:
-    save_checkpoint(_model(), tmp_path)
+    save_pretrained(_model(), tmp_path)
     data = json.loads((tmp_path / CONFIG_NAME).read_text())
     data["n_experts"] = 8
     (tmp_path / CONFIG_NAME).write_text(json.dumps(data))
     with pytest.raises(ValueError, match="n_experts"):
-        load_checkpoint(tmp_path)
+        load_attnlab(tmp_path)
 
 
 def test_bad_files(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
-        load_checkpoint(tmp_path)
-    save_checkpoint(_model(), tmp_path)
+        load_attnlab(tmp_path)
+    save_pretrained(_model(), tmp_path)
     (tmp_path / CONFIG_NAME).write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
-        load_checkpoint(tmp_path)
+        load_attnlab(tmp_path)
     (tmp_path / CONFIG_NAME).write_text(json.dumps({"d_model": 16}))
     with pytest.raises(ValueError, match="model_type"):
-        load_checkpoint(tmp_path)
+        load_attnlab(tmp_path)
     with pytest.raises(ValueError, match=r"has no \.config"):
-        save_checkpoint(torch.nn.Linear(2, 2), tmp_path / "x")
+        save_pretrained(torch.nn.Linear(2, 2), tmp_path / "x")

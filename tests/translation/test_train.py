@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from attnlab.models.transformer import EncoderDecoderTransformer, TransformerConfig
-from attnlab.training.checkpoint import load_checkpoint, save_checkpoint
+from attnlab.pretrained import load_attnlab, save_pretrained
 from attnlab.translation import average_checkpoints, latest_snapshot, train_translation
 from attnlab.translation import loop as loop_module
 from attnlab.translation.checkpoints import snapshot_dirs
@@ -41,7 +41,7 @@ def test_loss_decreases_and_run_files(tiny_run: Path) -> None:
     run = json.loads((tiny_run / "run.json").read_text())
     assert run["train_pairs"] == 300 and run["train_dropped"] == 0
     # shared source/target embeddings tied to the output projection (§3.4)
-    model = load_checkpoint(tiny_run / "last")
+    model = load_attnlab(tiny_run / "last")
     assert model.src_embed is model.tgt_embed
     assert model.lm_head.weight.data_ptr() == model.tgt_embed.weight.data_ptr()
 
@@ -64,7 +64,7 @@ def test_average_checkpoints_closed_form(tmp_path: Path) -> None:
     for i in range(3):
         torch.manual_seed(i)
         models.append(EncoderDecoderTransformer(config))
-        save_checkpoint(models[-1], tmp_path / str(i))
+        save_pretrained(models[-1], tmp_path / str(i))
     target = average_checkpoints(
         EncoderDecoderTransformer(config), [tmp_path / "0", tmp_path / "1", tmp_path / "2"]
     )

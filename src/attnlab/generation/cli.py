@@ -149,9 +149,9 @@ def _check_memory(args: argparse.Namespace, prompts: list[list[int]]) -> None:
     """Refuse before loading when the weights, KV cache and prefill cannot fit in RAM (an attnlab
     config is estimated in full; a Hugging Face one by its weight files' size)."""
     from attnlab.analysis.memory_check import MemoryEstimate, check_fits, estimate_generation
-    from attnlab.hub import is_attnlab_config
     from attnlab.interop.hf import read_config
     from attnlab.models import config_from_json_dict
+    from attnlab.pretrained import is_attnlab_config
 
     data = read_config(args.checkpoint)
     if is_attnlab_config(data):

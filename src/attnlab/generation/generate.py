@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -39,6 +40,8 @@ from attnlab.generation.request import (
     prepare_request,
     repeat_index,
 )
+from attnlab.models.gpt import GPT
+from attnlab.models.transformer import EncoderDecoderTransformer
 
 
 @dataclass(frozen=True)
@@ -267,6 +270,20 @@ def generate(
         truncate=truncate,
     )
     return torch.stack([step.tokens for step in steps], dim=1)  # (B·R, N)
+
+
+def _generate_method(
+    self: nn.Module, input_ids: PromptInput, *, max_new_tokens: int, **kwargs: Any
+) -> Tensor:
+    """``attnlab.generate(self, input_ids, max_new_tokens=..., **kwargs)``: the new tokens
+    ``(B·R, N)``; see :func:`attnlab.generation.generate` for every option."""
+    return generate(self, input_ids, max_new_tokens=max_new_tokens, **kwargs)
+
+
+# The Hugging Face-style convenience ``model.generate(...)``, attached here: the model files know
+# only their layers.
+for _cls in (GPT, EncoderDecoderTransformer):
+    setattr(_cls, "generate", _generate_method)  # noqa: B010
 
 
 __all__ = ["StepOutput", "generate", "stream"]

@@ -13,12 +13,10 @@ tensor; :func:`save_hf` writes a directory that ``transformers.AutoModel*.from_p
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ from torch import Tensor, nn
 from attnlab.interop import hf_bert, hf_bloom, hf_gpt2, hf_llama, hf_marian, hf_vit
 from attnlab.interop.family import HFConfig, HFFamily, UnsupportedCheckpointError
 from attnlab.interop.keymap import load_into
+from attnlab.io import read_json, write_files_together
 from attnlab.models import build_model
 from attnlab.registry import Registry
 
@@ -54,27 +53,33 @@ for _family in (
 
 
 def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The ``config.json`` of a checkpoint directory, as a dict.
+    """The ``config.json`` of a model directory, as a dict.
 
     Raises:
-        FileNotFoundError: if ``path`` is not a directory or has no ``config.json``.
-        ValueError: if the file is not a JSON object.
+        FileNotFoundError: if ``path`` is not a directory or has no ``config.json`` (for a name
+            such as ``"gpt2"`` or ``"org/model"``, the message explains that Hub ids must be
+            downloaded first, and how).
+        ValueError: if the file is not valid UTF-8 JSON holding an object.
     """
     directory = Path(path)
     if not directory.is_dir():
-        raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
+        hint = ""
+        if not directory.exists() and not str(path).startswith((".", "/", "~")):
+            hint = (
+                f". If {str(path)!r} is a Hugging Face Hub id: attnlab reads local directories "
+                "only (it never downloads); fetch it once with `huggingface-cli download "
+                f"{path} --local-dir DIR` (or transformers' "
+                f"`AutoModel.from_pretrained({str(path)!r}).save_pretrained(DIR)`) and pass DIR"
+            )
+        what = "is a file, not a directory" if directory.exists() else "does not exist"
+        raise FileNotFoundError(f"model directory {directory} {what}{hint}")
     file = directory / CONFIG_NAME
     if not file.is_file():
         raise FileNotFoundError(
-            f"{directory} has no {CONFIG_NAME}: not a checkpoint directory "
+            f"{directory} has no {CONFIG_NAME}: not a model directory "
             "(attnlab and Hugging Face checkpoints both need one)"
         )
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{file} is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{file} must hold a JSON object, got {type(data).__name__}")
+    data: dict[str, Any] = read_json(file, what="model config", expect=dict)
     return data
 
 
@@ -86,10 +91,7 @@ def _shards(directory: Path, index_name: str) -> list[Path]:
             names a file elsewhere (``../x``, ``/abs/path``, ``sub/dir``).
     """
     file = directory / index_name
-    try:
-        index = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{file} is not valid JSON: {e}") from None
+    index = read_json(file, what="weights index")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(n, str) for n in weight_map.values()):
         raise ValueError(f"{file} must hold a 'weight_map' object: tensor name -> file name")
@@ -241,21 +243,6 @@ def hf_family_of(model: nn.Module) -> tuple[HFFamily, dict[str, Any]]:
     )
 
 
-def _write_atomic(directory: Path, name: str, write: Callable[[str], object]) -> None:
-    """Write ``directory / name`` through a temporary file in ``directory`` and ``os.replace``:
-    a failed write leaves the old file, and an existing symlink is replaced, never followed
-    (so nothing is written outside ``directory``)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, directory / name)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def save_hf(model: nn.Module, path: str | os.PathLike[str]) -> Path:
     """Write ``model`` as a Hugging Face checkpoint directory (``config.json`` +
     ``model.safetensors``) that ``transformers.AutoModel*.from_pretrained`` loads.
@@ -282,15 +269,20 @@ def save_hf(model: nn.Module, path: str | os.PathLike[str]) -> Path:
             for k, v in tensors.items()
         }
     directory = Path(path)
-    directory.mkdir(parents=True, exist_ok=True)
     dtype = next(iter(tensors.values())).dtype
     hf_config["dtype"] = str(dtype).removeprefix("torch.")
     hf_config["torch_dtype"] = hf_config["dtype"]  # transformers 4's name
     # safetensors wants contiguous tensors that share no memory (tied ones are written once).
     arrays = {k: v.detach().contiguous().clone().cpu() for k, v in tensors.items()}
     text = json.dumps(hf_config, indent=2, sort_keys=True) + "\n"
-    _write_atomic(directory, SAFETENSORS_NAME, lambda f: save_file(arrays, f, {"format": "pt"}))
-    _write_atomic(directory, CONFIG_NAME, lambda f: Path(f).write_text(text, encoding="utf-8"))
+
+    def write_weights(tmp: str) -> None:
+        save_file(arrays, tmp, {"format": "pt"})  # looked up at call time (tests patch it)
+
+    def write_config(tmp: str) -> None:
+        Path(tmp).write_text(text, encoding="utf-8")
+
+    write_files_together(directory, {SAFETENSORS_NAME: write_weights, CONFIG_NAME: write_config})
     logger.info("wrote %s checkpoint to %s", family.name, directory)
     return directory
 

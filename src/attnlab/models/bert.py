@@ -31,7 +31,6 @@ from attnlab.layers.positional import (
     RotaryEmbedding,
     build_positional_encoding,
 )
-from attnlab.models.base import PretrainedMixin
 from attnlab.models.common import freeze_tuple, layer_kwargs, validate_stack_config
 
 
@@ -119,7 +118,7 @@ class MLMHead(nn.Module):
         return self.decoder(self.norm(self.act(self.dense(h)))) + self.bias
 
 
-class BERT(PretrainedMixin, nn.Module):
+class BERT(nn.Module):
     """BERT encoder with optional pooler and masked-LM head: ``forward(ids) -> BERTOutput``."""
 
     def __init__(self, config: BERTConfig) -> None:

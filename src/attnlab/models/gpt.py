@@ -34,7 +34,6 @@ from attnlab.layers.positional import (
     RotaryEmbedding,
     build_positional_encoding,
 )
-from attnlab.models.base import GenerationMixin, PretrainedMixin
 from attnlab.models.common import (
     freeze_tuple,
     layer_kwargs,
@@ -97,7 +96,7 @@ class GPTConfig:
         return self.norm_position == "pre" if self.final_norm is None else self.final_norm
 
 
-class GPT(PretrainedMixin, GenerationMixin, nn.Module):
+class GPT(nn.Module):
     """Decoder-only Transformer LM: ``forward(ids) -> (logits, loss)``.
 
     For generation, create a cache with :meth:`new_cache` and call ``forward`` with it: the first

@@ -34,7 +34,6 @@ from attnlab.layers.positional import (
     RotaryEmbedding,
     build_positional_encoding,
 )
-from attnlab.models.base import GenerationMixin, PretrainedMixin
 from attnlab.models.common import freeze_tuple, layer_kwargs, validate_stack_config
 
 
@@ -194,7 +193,7 @@ class Decoder(nn.Module):
         return x, weights
 
 
-class EncoderDecoderTransformer(PretrainedMixin, GenerationMixin, nn.Module):
+class EncoderDecoderTransformer(nn.Module):
     """The paper's model: ``forward(src, tgt) -> (logits, loss)``.
 
     Use :meth:`encode` once and :meth:`decode` per step (with a :class:`KVCache`) to generate.

@@ -29,7 +29,6 @@ from attnlab.layers.positional import (
     NoPositionalEncoding,
     PositionalEncoding,
 )
-from attnlab.models.base import PretrainedMixin
 from attnlab.models.common import freeze_tuple, layer_kwargs, validate_stack_config
 
 
@@ -94,7 +93,7 @@ class ViTConfig:
         return self.n_patches + 1
 
 
-class ViT(PretrainedMixin, nn.Module):
+class ViT(nn.Module):
     """Vision Transformer classifier: ``forward(images) -> logits (B, K)``."""
 
     def __init__(self, config: ViTConfig) -> None:

@@ -6,7 +6,7 @@ behind ``attnlab train <recipe>``. The foundation's minimal loop (:func:`train`,
 :class:`LoopConfig`) drives ``attnlab train reverse``.
 """
 
-from attnlab.training.checkpoint import load_checkpoint, load_config, save_checkpoint
+from attnlab.pretrained import load_attnlab, load_config, save_pretrained
 from attnlab.training.config import TrainConfig
 from attnlab.training.data import ArrayImageDataset, TokenStream, load_digits, load_text
 from attnlab.training.loop import LoopConfig, TrainResult, evaluate_exact_match, train
@@ -64,7 +64,7 @@ __all__ = [
     "label_smoothed_cross_entropy",
     "lambda_lr",
     "latest_checkpoint",
-    "load_checkpoint",
+    "load_attnlab",
     "load_config",
     "load_digits",
     "load_run",
@@ -75,7 +75,7 @@ __all__ = [
     "noam",
     "parameter_groups",
     "prepare",
-    "save_checkpoint",
+    "save_pretrained",
     "save_training_checkpoint",
     "train",
     "warmup_cosine",

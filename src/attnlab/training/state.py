@@ -42,13 +42,8 @@ import torch
 from safetensors.torch import load_file, load_model, save_file
 from torch import Tensor, nn
 
-from attnlab.training.checkpoint import (
-    WEIGHTS_NAME,
-    _fsync_dir,
-    _write_files_together,
-    _write_temp,
-    save_checkpoint,
-)
+from attnlab.io import _write_temp, fsync_dir, write_files_together
+from attnlab.pretrained import WEIGHTS_NAME, save_pretrained
 
 STATE_NAME = "trainer_state.json"
 STATE_TENSORS_NAME = "trainer_state.safetensors"
@@ -197,7 +192,7 @@ def save_training_checkpoint(
     root = Path(run_dir) / CHECKPOINTS_DIR
     root.mkdir(parents=True, exist_ok=True)
     directory = checkpoint_path(run_dir, int(state["step"]))
-    save_checkpoint(model, directory, state_dict=model_state)
+    save_pretrained(model, directory, state_dict=model_state)
     data, tensors = flatten_state(state)
     text = json.dumps(
         {"format": STATE_FORMAT, "version": STATE_VERSION, "state": data},
@@ -210,14 +205,14 @@ def save_training_checkpoint(
     def write_json(path: str) -> None:
         Path(path).write_text(text, encoding="utf-8")
 
-    _write_files_together(directory, {STATE_TENSORS_NAME: write_tensors, STATE_NAME: write_json})
+    write_files_together(directory, {STATE_TENSORS_NAME: write_tensors, STATE_NAME: write_json})
 
     def write_pointer(path: str) -> None:
         Path(path).write_text(directory.name + "\n", encoding="utf-8")
 
     pointer = _write_temp(root, LATEST_NAME, write_pointer)
     os.replace(pointer, root / LATEST_NAME)
-    _fsync_dir(root)
+    fsync_dir(root)
     _prune(root, keep=keep, current=directory.name)
     return directory
 

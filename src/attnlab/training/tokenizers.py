@@ -86,7 +86,7 @@ class CharTokenizer:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the tokenizer as JSON to ``path`` (atomically: temporary file, fsync, rename)."""
-        from attnlab.training.checkpoint import atomic_write_text
+        from attnlab.io import atomic_write_text
 
         data = {"type": "char", "chars": self.chars, "specials": self.specials}
         atomic_write_text(path, json.dumps(data, ensure_ascii=False) + "\n")
@@ -154,7 +154,7 @@ class BPETokenizer:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the ``tokenizers``-library JSON to ``path`` (atomically: temporary file, fsync,
         rename)."""
-        from attnlab.training.checkpoint import atomic_write
+        from attnlab.io import atomic_write
 
         atomic_write(path, lambda tmp: self._tok.save(tmp))  # type: ignore[attr-defined]
 

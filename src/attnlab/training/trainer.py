@@ -32,12 +32,8 @@ from safetensors.torch import load_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from attnlab.training.checkpoint import (
-    WEIGHTS_NAME,
-    atomic_write_text,
-    remove_stale_temp_files,
-    with_tied_names,
-)
+from attnlab.io import atomic_write_text, remove_stale_temp_files
+from attnlab.pretrained import WEIGHTS_NAME, with_tied_names
 from attnlab.training.config import TrainConfig
 from attnlab.training.data import shard_batch
 from attnlab.training.distributed import (

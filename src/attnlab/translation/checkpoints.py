@@ -32,13 +32,8 @@ import torch
 from safetensors.torch import load_file, load_model
 from torch import nn
 
-from attnlab.training.checkpoint import WEIGHTS_NAME, save_checkpoint
-from attnlab.translation.files import (
-    atomic_save_tensors,
-    atomic_write_json,
-    atomic_write_text,
-    read_json,
-)
+from attnlab.io import atomic_save_tensors, atomic_write_json, atomic_write_text, read_json
+from attnlab.pretrained import WEIGHTS_NAME, save_pretrained
 from attnlab.translation.tokenizer import TranslationTokenizer
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -96,7 +91,7 @@ def save_snapshot(
         The snapshot directory.
     """
     directory = step_dir(out, int(state["step"]))
-    save_checkpoint(model, directory)
+    save_pretrained(model, directory)
     tensors = {f"optimizer.{k}": v for k, v in optimizer_tensors(optimizer).items()}
     tensors["rng.torch"] = torch.get_rng_state()
     atomic_save_tensors(directory / OPTIMIZER_NAME, tensors)
@@ -187,7 +182,7 @@ def export_model(
 ) -> Path:
     """Write a self-contained model directory: weights, config, tokenizer and ``info``
     (languages, step, metrics) as ``translation.json``."""
-    directory = save_checkpoint(model, directory)
+    directory = save_pretrained(model, directory)
     tokenizer.save(directory)
     atomic_write_json(directory / INFO_NAME, info)
     return directory

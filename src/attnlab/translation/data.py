@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnlab.training.checkpoint import _fsync_dir, _write_temp
+from attnlab.io import _write_temp, fsync_dir
 from attnlab.translation.tokenizer import TranslationTokenizer
 
 logger = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ def download_multi30k(
                 raise ValueError(f"{name}: sha256 {digest} differs from the expected one")
             tmp = _write_temp(out, name, _bytes_writer(data))
             os.replace(tmp, out / name)
-            _fsync_dir(out)
+            fsync_dir(out)
     return out
 
 

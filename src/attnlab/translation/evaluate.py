@@ -22,10 +22,10 @@ from typing import Any
 import torch
 
 from attnlab.generation.generate import generate
+from attnlab.io import read_json
 from attnlab.models.transformer import EncoderDecoderTransformer
-from attnlab.training.checkpoint import WEIGHTS_NAME, load_checkpoint
+from attnlab.pretrained import WEIGHTS_NAME, load_attnlab
 from attnlab.translation.checkpoints import EXPORTS, INFO_NAME
-from attnlab.translation.files import read_json
 from attnlab.translation.tokenizer import TranslationTokenizer
 
 EXTRA_OUTPUT_TOKENS = 50  # §6.1: maximum output length = input length + 50
@@ -72,7 +72,7 @@ def load_translator(path: str | os.PathLike[str], checkpoint: str | None = None)
         ValueError: if the model is not an encoder-decoder or the tokenizer does not fit it.
     """
     directory = resolve_model_dir(path, checkpoint)
-    model = load_checkpoint(directory)
+    model = load_attnlab(directory)
     if not isinstance(model, EncoderDecoderTransformer):
         raise ValueError(f"{directory} holds a {type(model).__name__}, not a translation model")
     tokenizer = TranslationTokenizer.load(directory)

@@ -129,7 +129,7 @@ class TranslationTokenizer:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write ``tokenizer.json`` into directory ``path`` (created) atomically; returns it."""
-        from attnlab.translation.files import atomic_write_text
+        from attnlab.io import atomic_write_text
 
         return atomic_write_text(Path(path) / TOKENIZER_NAME, self._tok.to_str(pretty=True))
 

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from attnlab.config import config_to_dict
+from attnlab.io import atomic_write_json, read_json
 from attnlab.models.transformer import EncoderDecoderTransformer
 from attnlab.training.metrics import MetricsLogger
 from attnlab.translation.checkpoints import (
@@ -50,7 +51,6 @@ from attnlab.translation.data import (
     load_pairs,
     resolve_data_dir,
 )
-from attnlab.translation.files import atomic_write_json, read_json
 from attnlab.translation.loop import TrainLoop
 from attnlab.translation.tokenizer import TranslationTokenizer
 

@@ -139,8 +139,8 @@ def load_for_viz(
     Raises:
         FileNotFoundError: for a missing directory, config, weights or given tokenizer.
     """
-    from attnlab.hub import from_pretrained
     from attnlab.interop.tokenizer import TOKENIZER_NAME, load_tokenizer
+    from attnlab.pretrained import from_pretrained
 
     model = from_pretrained(path)
     if tokenizer is not None:

@@ -148,7 +148,7 @@ def _positional(args: argparse.Namespace) -> int:
 
     model = None
     if args.model is not None:
-        from attnlab.hub import from_pretrained
+        from attnlab.pretrained import from_pretrained
 
         model = from_pretrained(args.model)
     fig = plot_positional(

@@ -1,0 +1,276 @@
+"""Files, written so that nothing is ever half-written, and read with errors that name the file.
+
+Every file attnlab writes (model weights and configs, trainer state, run records, tokenizers,
+pictures' data) goes through this module:
+
+- :func:`atomic_write` fills a temporary file in the target's directory (``.NAME.XXXXXXXX.tmp``),
+  fsyncs it, moves it over the target with ``os.replace`` and fsyncs the directory. A process
+  killed at any instant leaves the old file or the new one, never a torn one — at worst a stale
+  temporary file, which :func:`remove_stale_temp_files` recognises and deletes.
+  :func:`atomic_write_bytes`, :func:`atomic_write_text`, :func:`atomic_write_json` and
+  :func:`atomic_save_tensors` (safetensors) are its common cases.
+- :func:`write_files_together` writes several files of one directory (a checkpoint's weights and
+  config): every temporary file is complete before the first replacement, so a failing writer
+  leaves all the old files in place.
+- :func:`read_json` and :func:`read_text` raise ``FileNotFoundError``/``ValueError`` naming the
+  file and what is wrong with it (missing, a directory, invalid UTF-8, invalid JSON, nesting too
+  deep, an integer too long), never a bare parser traceback.
+
+Floor 0: imports nothing of attnlab.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+# The names of :func:`_write_temp`'s files: "." + the target's name + "." + mkstemp's 8 random
+# characters + ".tmp" (e.g. ".model.safetensors.k2j9_x1a.tmp").
+_TEMP_NAME = re.compile(r"\.(?P<target>.+)\.[A-Za-z0-9_]{8}\.tmp")
+
+PathLike = str | os.PathLike[str]
+
+
+def fsync_dir(directory: PathLike) -> None:
+    """Make the renames in ``directory`` durable (POSIX; a no-op where directories cannot be
+    opened)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_temp(directory: Path, name: str, write: Callable[[str], None]) -> Path:
+    """Run ``write(path)`` on a fresh temporary file in ``directory``, fsync it, return it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return Path(tmp)
+
+
+def _parent_dir(target: Path) -> Path:
+    """``target``'s directory, created if missing.
+
+    Raises:
+        NotADirectoryError: if the parent (or one of its parents) is a file.
+    """
+    parent = target.parent
+    if parent.exists() and not parent.is_dir():
+        raise NotADirectoryError(f"cannot write {target}: {parent} is a file, not a directory")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise NotADirectoryError(
+            f"cannot write {target}: a parent of {parent} is a file, not a directory"
+        ) from None
+    return parent
+
+
+def atomic_write(path: PathLike, write: Callable[[str], None]) -> Path:
+    """Write the file ``path`` atomically: ``write(tmp)`` fills a temporary file in the same
+    directory (created if missing), which is fsync-ed and moved over ``path``.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        IsADirectoryError: if ``path`` is an existing directory.
+        NotADirectoryError: if its parent is a file.
+    """
+    target = Path(path)
+    if target.is_dir():
+        raise IsADirectoryError(f"cannot write {target}: it is a directory")
+    parent = _parent_dir(target)
+    tmp = _write_temp(parent, target.name, write)
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(parent)
+    return target
+
+
+def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
+    """:func:`atomic_write` of ``data``."""
+
+    def write(tmp: str) -> None:
+        Path(tmp).write_bytes(data)
+
+    return atomic_write(path, write)
+
+
+def atomic_write_text(path: PathLike, text: str) -> Path:
+    """:func:`atomic_write` of ``text`` (UTF-8).
+
+    Raises:
+        TypeError: if ``text`` is not a string (before anything is written).
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"atomic_write_text needs a str, got {type(text).__name__}")
+
+    def write(tmp: str) -> None:
+        Path(tmp).write_text(text, encoding="utf-8")
+
+    return atomic_write(path, write)
+
+
+def json_text(data: Any) -> str:
+    """``data`` as indented JSON text with a final newline (NaN/inf refused: not JSON).
+
+    Raises:
+        ValueError: for a non-finite float. TypeError: for a value JSON cannot hold.
+    """
+    return json.dumps(data, indent=2, allow_nan=False) + "\n"
+
+
+def atomic_write_json(path: PathLike, data: Any) -> Path:
+    """:func:`atomic_write_text` of :func:`json_text` (the text is made before any write)."""
+    return atomic_write_text(path, json_text(data))
+
+
+def atomic_save_tensors(
+    path: PathLike, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> Path:
+    """Write a flat ``name -> tensor`` dict as safetensors to ``path`` atomically (tensors are
+    copied to contiguous CPU memory first)."""
+    data = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+
+    def write(tmp: str) -> None:
+        save_file(data, tmp, metadata=metadata)
+
+    return atomic_write(path, write)
+
+
+def write_files_together(directory: PathLike, writers: Mapping[str, Callable[[str], None]]) -> None:
+    """Write several files of ``directory`` (created if missing): every ``writers[name](tmp)``
+    fills and fsyncs a temporary file first, then all are moved into place and the directory is
+    fsync-ed. If a writer fails, the temporary files already written are removed and nothing is
+    replaced."""
+    root = Path(directory)
+    if root.exists() and not root.is_dir():
+        raise NotADirectoryError(f"cannot write into {root}: it is a file, not a directory")
+    root.mkdir(parents=True, exist_ok=True)
+    temps: dict[str, Path] = {}
+    try:
+        for name, write in writers.items():
+            temps[name] = _write_temp(root, name, write)
+    except BaseException:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+        raise
+    for name, tmp in temps.items():
+        os.replace(tmp, root / name)
+    fsync_dir(root)
+
+
+def remove_stale_temp_files(directory: PathLike, *, recursive: bool = True) -> list[Path]:
+    """Delete the temporary files that interrupted atomic writes left in ``directory`` (and, with
+    ``recursive``, below it): only names of the form this module creates (``.NAME.XXXXXXXX.tmp``,
+    regular files, not symlinks); anything else is left alone.
+
+    Call it only when no other process writes there (a resuming run, before it writes).
+
+    Returns:
+        The files removed (a missing ``directory`` gives ``[]``).
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    candidates = root.rglob(".*.tmp") if recursive else root.glob(".*.tmp")
+    removed = []
+    for file in sorted(candidates):
+        if _TEMP_NAME.fullmatch(file.name) and file.is_file() and not file.is_symlink():
+            with contextlib.suppress(FileNotFoundError):
+                file.unlink()
+                removed.append(file)
+    return removed
+
+
+def read_text(path: PathLike, *, what: str = "file") -> str:
+    """The UTF-8 text of ``path``.
+
+    Args:
+        what: what the file is, for messages (e.g. ``"config"``).
+
+    Raises:
+        FileNotFoundError: if it is missing. IsADirectoryError: if it is a directory.
+        ValueError: if it is not valid UTF-8 (naming the byte offset).
+    """
+    file = Path(path)
+    if file.is_dir():
+        raise IsADirectoryError(f"{what} {file} is a directory, expected a file")
+    if not file.is_file():
+        raise FileNotFoundError(f"missing {what} {file}")
+    try:
+        return file.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{what} {file} is not valid UTF-8 text (byte {e.start})") from None
+
+
+def read_json(path: PathLike, *, what: str = "JSON file", expect: type | None = None) -> Any:
+    """Parse the JSON file ``path``.
+
+    Args:
+        what: what the file is, for messages (e.g. ``"model config"``).
+        expect: the type the top-level value must have (e.g. ``dict``).
+
+    Raises:
+        FileNotFoundError / IsADirectoryError: as :func:`read_text`.
+        ValueError: for invalid UTF-8 or JSON, nesting too deep, an integer with too many
+            digits, or a top-level value that is not ``expect`` — each naming the file.
+    """
+    file = Path(path)
+    text = read_text(file, what=what)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{what} {file} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ValueError(f"{what} {file} is nested too deeply to be a real config") from None
+    except ValueError as e:  # e.g. "Exceeds the limit (4300 digits) for integer string"
+        raise ValueError(f"{what} {file} holds a value JSON parsing refused: {e}") from None
+    if expect is not None and not isinstance(data, expect):
+        raise ValueError(
+            f"{what} {file} must hold a JSON {_json_kind(expect)}, got {_json_kind(type(data))}"
+        )
+    return data
+
+
+def _json_kind(cls: type) -> str:
+    return {dict: "object", list: "array", str: "string", int: "integer", float: "number"}.get(
+        cls, "null" if cls is type(None) else cls.__name__
+    )
+
+
+__all__ = [
+    "atomic_save_tensors",
+    "atomic_write",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "atomic_write_text",
+    "fsync_dir",
+    "json_text",
+    "read_json",
+    "read_text",
+    "remove_stale_temp_files",
+    "write_files_together",
+]

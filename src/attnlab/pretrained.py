@@ -1,0 +1,320 @@
+"""The model directory: ``save_pretrained`` / ``from_pretrained`` for attnlab's and Hugging Face's
+layouts.
+
+A model directory holds ``config.json`` + ``model.safetensors`` (and, beside them, whatever else
+belongs to the model: ``tokenizer.json``, a translation model's ``translation.json``). Two
+formats share that shape:
+
+- attnlab's own: the config dataclass as JSON with its ``model_type`` (``"gpt"``, ``"bert"``,
+  ``"vit"``, ``"transformer"``, ...), the state dict as is (a tied tensor stored once, §3.4);
+  saving and loading are bitwise exact;
+- Hugging Face's (:mod:`attnlab.interop.hf`): its own ``config.json`` (``model_type`` ``"bert"``,
+  ``"gpt2"``, ``"llama"``, ...), translated and loaded through a key map.
+
+``"bert"`` and ``"vit"`` are ``model_type`` values of both; a config whose keys are all fields of
+attnlab's config class is attnlab's, anything else is Hugging Face's.
+
+Before an attnlab model is built, the parameter count its config implies is compared with the
+shapes in the safetensors header (:func:`check_param_count`; no tensor data is read), so a
+``config.json`` edited to another size is refused instead of allocating the wrong model.
+
+Every model class also gets the Hugging Face-style conveniences ``Model.from_pretrained(path)``
+and ``model.save_pretrained(path)``, attached here (the model files know only their layers).
+
+A sharded or wrapped model (FSDP, DDP) is saved from its *full* state dict:
+``save_pretrained(model, path, state_dict=full)``. Tied parameters are then written once, under the
+name ``safetensors``' ``save_model`` would keep (the first in sorted order), so the file is the same
+as a single-process run's; :func:`with_tied_names` adds the other names back before loading.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_model, save_file, save_model
+from torch import Tensor, nn
+
+from attnlab.analysis.params import count_params
+from attnlab.config import config_to_dict
+from attnlab.interop.family import UnsupportedCheckpointError
+from attnlab.interop.hf import HF_FAMILIES, load_hf, read_config
+from attnlab.interop.keymap import CheckpointMismatchError
+from attnlab.io import json_text, write_files_together
+from attnlab.models import MODEL_TYPES, build_model, config_from_json_dict
+
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+
+M = TypeVar("M", bound=nn.Module)
+
+
+# -- tied parameters ----------------------------------------------------------------------------
+
+
+def tied_parameter_names(model: nn.Module) -> list[list[str]]:
+    """Groups (sorted, two or more names each) of the parameter names of ``model`` that share
+    one parameter, e.g. ``[["lm_head.weight", "tok_embed.weight"]]`` for tied embeddings
+    (§3.4)."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return sorted(sorted(group) for group in names.values() if len(group) > 1)
+
+
+def with_tied_names(state_dict: Mapping[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
+    """``state_dict`` with every tied name of ``model`` present (the file holds one per group).
+
+    Raises:
+        KeyError: if no name of a tied group is in ``state_dict``.
+    """
+    out = dict(state_dict)
+    for group in tied_parameter_names(model):
+        present = [n for n in group if n in out]
+        if not present:
+            raise KeyError(f"none of the tied parameters {group} is in the state dict")
+        for name in group:
+            out.setdefault(name, out[present[0]])
+    return out
+
+
+def _save_state_dict(state_dict: Mapping[str, Tensor], model: nn.Module, file: str) -> None:
+    """``save_model`` for a given state dict: tied names dropped (recorded in the metadata)."""
+    tensors = {k: v.detach().contiguous() for k, v in state_dict.items()}
+    metadata: dict[str, str] = {}
+    for group in tied_parameter_names(model):
+        present = [n for n in group if n in tensors]
+        for name in present[1:]:
+            metadata[name] = present[0]
+            del tensors[name]
+    save_file(tensors, file, metadata=metadata or None)
+
+
+# -- attnlab's format ---------------------------------------------------------------------------
+
+
+def save_pretrained(
+    model: nn.Module,
+    path: str | os.PathLike[str],
+    *,
+    state_dict: Mapping[str, Tensor] | None = None,
+) -> Path:
+    """Write ``model`` (which must carry its ``config``) to the directory ``path`` in attnlab's
+    format: ``model.safetensors`` + ``config.json``, both complete before either replaces an old
+    file (a failed save leaves the previous model directory as it was).
+
+    Args:
+        model: a model built by :func:`attnlab.build_model` (has ``.config``).
+        path: the directory; created if missing.
+        state_dict: the weights to write instead of ``model``'s own (the full state dict of a
+            sharded model, whose parameter names it must use).
+
+    Returns:
+        The directory.
+
+    Raises:
+        ValueError: if ``model`` has no ``config`` attribute.
+    """
+    config = getattr(model, "config", None)
+    if config is None:
+        raise ValueError(f"{type(model).__name__} has no .config; cannot write config.json")
+    config_text = json_text(config_to_dict(config))
+
+    def write_config(tmp: str) -> None:
+        Path(tmp).write_text(config_text, encoding="utf-8")
+
+    def write_weights(tmp: str) -> None:
+        if state_dict is None:
+            save_model(model, tmp)
+        else:
+            _save_state_dict(state_dict, model, tmp)
+
+    directory = Path(path)
+    write_files_together(directory, {WEIGHTS_NAME: write_weights, CONFIG_NAME: write_config})
+    return directory
+
+
+def is_attnlab_config(data: Mapping[str, Any]) -> bool:
+    """Whether a ``config.json`` dict is attnlab's own format (not Hugging Face's)."""
+    model_type = data.get("model_type")
+    if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
+        return False
+    if model_type not in HF_FAMILIES:
+        return True  # "gpt", "transformer": attnlab names only; bad keys fail loudly later
+    config_cls, _ = MODEL_TYPES.get(model_type)
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    return set(data) - {"model_type"} <= fields
+
+
+def load_config(path: str | os.PathLike[str]) -> Any:
+    """The attnlab model config stored in the model directory ``path``.
+
+    Raises:
+        FileNotFoundError: if ``path`` or its ``config.json`` is missing.
+        ValueError: for invalid JSON, a missing/unknown ``model_type``, unknown keys or values.
+        TypeError: for a field of the wrong type.
+    """
+    return config_from_json_dict(read_config(path))
+
+
+def safetensors_numel(file: str | os.PathLike[str]) -> int:
+    """Elements in a safetensors file, from its header's shapes (no tensor data is read).
+
+    Raises:
+        FileNotFoundError: if ``file`` does not exist.
+        ValueError: if it is not a safetensors file (naming it).
+    """
+    if not Path(file).is_file():
+        raise FileNotFoundError(f"no such weights file: {file}")
+    total = 0
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                total += math.prod(f.get_slice(key).get_shape())
+    except SafetensorError as e:
+        raise ValueError(f"{file} is not a readable safetensors file: {e}") from None
+    return total
+
+
+def check_param_count(path: str | os.PathLike[str], config: Any) -> None:
+    """Check that an attnlab model directory's ``model.safetensors`` holds exactly the parameters
+    its config implies (:func:`attnlab.analysis.count_params`, closed form), before anything is
+    built: an edited ``config.json`` (another ``d_model``, more layers) is refused with both
+    counts instead of allocating a model of the wrong size.
+
+    Raises:
+        FileNotFoundError: without ``model.safetensors``.
+        CheckpointMismatchError: when the counts differ.
+    """
+    file = Path(path) / WEIGHTS_NAME
+    stored, implied = safetensors_numel(file), count_params(config)
+    if stored != implied:
+        fields = ("d_model", "n_heads", "n_layers", "d_ff", "vocab_size")
+        sizes = ", ".join(f"{k}={getattr(config, k)}" for k in fields if hasattr(config, k))
+        raise CheckpointMismatchError(
+            f"{Path(path) / CONFIG_NAME} implies {implied:,} parameters ({sizes}) but {file} "
+            f"holds {stored:,}: the config does not describe these weights"
+        )
+
+
+def load_attnlab(path: str | os.PathLike[str], *, device: torch.device | str = "cpu") -> nn.Module:
+    """Rebuild the attnlab model saved in ``path`` and load its weights (eval mode).
+
+    Raises:
+        FileNotFoundError: if a file is missing. ValueError: for a bad ``config.json``, a
+        truncated or foreign weights file, or weights that the config does not describe.
+    """
+    weights = Path(path) / WEIGHTS_NAME
+    if not weights.is_file():
+        raise FileNotFoundError(f"no {WEIGHTS_NAME} in {path}")
+    config = load_config(path)
+    check_param_count(path, config)
+    model = build_model(config, device=device)
+    try:
+        load_model(model, weights, strict=True, device=str(device))
+    except (SafetensorError, RuntimeError) as e:
+        raise CheckpointMismatchError(
+            f"{weights} does not load into {type(model).__name__}: {e}"
+        ) from None
+    return model.eval()
+
+
+def from_pretrained(
+    path: str | os.PathLike[str],
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+    strict: bool = True,
+) -> nn.Module:
+    """Load a model directory, attnlab's or Hugging Face's, as an attnlab model (eval mode).
+
+    attnlab reads local directories only: a Hugging Face Hub id such as ``"gpt2"`` must first be
+    downloaded to a directory (the error message says how). The returned model carries its
+    config (``model.config``).
+
+    Args:
+        path: a directory with ``config.json`` and weights.
+        device: where to build the model.
+        dtype: convert the parameters to this dtype (default: as built, float32).
+        strict: Hugging Face checkpoints only: with ``False``, missing/unexpected tensors are
+            logged instead of raised. attnlab checkpoints always load strictly.
+
+    Raises:
+        FileNotFoundError: for a missing directory, ``config.json`` or weights file.
+        ValueError: for an unknown ``model_type``, an unsupported Hugging Face family or
+            option (:class:`~attnlab.interop.family.UnsupportedCheckpointError`), or tensors
+            that do not match (:class:`~attnlab.interop.keymap.CheckpointMismatchError`, naming
+            every key and expected shape; for attnlab's format, a parameter count in the
+            safetensors header other than the config's, checked before the model is built).
+    """
+    data = read_config(path)
+    model_type = data.get("model_type")
+    if model_type not in MODEL_TYPES and model_type not in HF_FAMILIES:
+        raise UnsupportedCheckpointError(
+            f"{Path(path) / CONFIG_NAME}: model_type {model_type!r} is neither an attnlab model "
+            f"({', '.join(MODEL_TYPES.keys())}) nor a supported Hugging Face family "
+            f"({', '.join(HF_FAMILIES.keys())})"
+        )
+    if not is_attnlab_config(data):
+        return load_hf(path, device=device, dtype=dtype, strict=strict)
+    model = load_attnlab(path, device=device)
+    return model.to(dtype) if dtype is not None else model
+
+
+# -- the conveniences on every model class ------------------------------------------------------
+
+
+def _class_from_pretrained(
+    cls: type[M],
+    path: str | os.PathLike[str],
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+    strict: bool = True,
+) -> M:
+    """Load a model directory (attnlab's or Hugging Face's format) as this class; arguments as
+    :func:`attnlab.from_pretrained`.
+
+    Raises:
+        TypeError: if the directory holds a different model class.
+    """
+    model = from_pretrained(path, device=device, dtype=dtype, strict=strict)
+    if not isinstance(model, cls):
+        raise TypeError(
+            f"{path} holds a {type(model).__name__}, not a {cls.__name__}; "
+            "use attnlab.from_pretrained to load any model"
+        )
+    return model
+
+
+def attach_methods(model_cls: type[nn.Module]) -> None:
+    """Give ``model_cls`` ``Model.from_pretrained(path)`` and ``model.save_pretrained(path)``
+    (done for every registered model type when this module is imported)."""
+    setattr(model_cls, "from_pretrained", classmethod(_class_from_pretrained))  # noqa: B010
+    setattr(model_cls, "save_pretrained", save_pretrained)  # noqa: B010
+
+
+for _model_type in MODEL_TYPES:
+    attach_methods(MODEL_TYPES.get(_model_type)[1])
+
+
+__all__ = [
+    "CONFIG_NAME",
+    "WEIGHTS_NAME",
+    "attach_methods",
+    "check_param_count",
+    "from_pretrained",
+    "is_attnlab_config",
+    "load_attnlab",
+    "load_config",
+    "safetensors_numel",
+    "save_pretrained",
+    "tied_parameter_names",
+    "with_tied_names",
+]
