@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from attnlab.analysis.attention_bench_report import add_attention_arguments, run_from_args
+from attnlab.cli.bench import add_attention_arguments, run_from_args
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -26,7 +26,7 @@ from attnlab.models import (
 from attnlab.pretrained import from_pretrained, save_pretrained
 from attnlab.sentence import embed
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "BERT",

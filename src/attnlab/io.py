@@ -12,6 +12,8 @@ pictures' data) goes through this module:
 - :func:`write_files_together` writes several files of one directory (a checkpoint's weights and
   config): every temporary file is complete before the first replacement, so a failing writer
   leaves all the old files in place.
+- :func:`find_data_file` looks a data set up offline, in :func:`data_dirs`: ``$ATTNLAB_DATA``,
+  ``../shared/data`` beside a source checkout of attnlab, ``~/.cache/attnlab``.
 - :func:`read_json` and :func:`read_text` raise ``FileNotFoundError``/``ValueError`` naming the
   file and what is wrong with it (missing, a directory, invalid UTF-8, invalid JSON, nesting too
   deep, an integer too long), never a bare parser traceback.
@@ -205,6 +207,35 @@ def remove_stale_temp_files(directory: PathLike, *, recursive: bool = True) -> l
     return removed
 
 
+def _checkout_data() -> Path | None:
+    """``../shared/data`` beside the source checkout this package runs from, if any."""
+    root = Path(__file__).resolve().parents[2]  # src/attnlab/io.py -> the checkout
+    shared = root.parent / "shared" / "data"
+    return shared if (root / "pyproject.toml").is_file() and shared.is_dir() else None
+
+
+def data_dirs() -> list[Path]:
+    """The folders data sets are looked up in, in order: ``$ATTNLAB_DATA``, ``../shared/data``
+    beside a source checkout, ``~/.cache/attnlab``."""
+    dirs = []
+    env = os.environ.get("ATTNLAB_DATA")
+    if env:
+        dirs.append(Path(env))
+    shared = _checkout_data()
+    if shared is not None:
+        dirs.append(shared)
+    dirs.append(Path.home() / ".cache" / "attnlab")
+    return dirs
+
+
+def find_data_file(name: str) -> Path | None:
+    """The first of :func:`data_dirs` holding ``name`` (a file or a folder), or ``None``."""
+    for directory in data_dirs():
+        if (directory / name).exists():
+            return directory / name
+    return None
+
+
 def read_text(path: PathLike, *, what: str = "file") -> str:
     """The UTF-8 text of ``path``.
 
@@ -267,6 +298,8 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
+    "data_dirs",
+    "find_data_file",
     "fsync_dir",
     "json_text",
     "read_json",

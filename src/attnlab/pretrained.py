@@ -41,7 +41,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_file, save_model
 from torch import Tensor, nn
 
-from attnlab.analysis.params import count_params
+from attnlab.analysis.params import PARAM_FORMULAS, count_params
 from attnlab.config import config_to_dict
 from attnlab.interop.family import UnsupportedCheckpointError
 from attnlab.interop.hf import HF_FAMILIES, load_hf, read_config
@@ -182,6 +182,14 @@ def safetensors_numel(file: str | os.PathLike[str]) -> int:
     return total
 
 
+def implied_params(config: Any) -> int:
+    """Parameters of the model ``config`` describes: the closed form where the analysis has
+    one, else counted on a model built on the ``meta`` device (nothing is allocated)."""
+    if type(config) in PARAM_FORMULAS:
+        return count_params(config)
+    return count_params(build_model(config, device="meta"))
+
+
 def check_param_count(path: str | os.PathLike[str], config: Any) -> None:
     """Check that an attnlab model directory's ``model.safetensors`` holds exactly the parameters
     its config implies (:func:`attnlab.analysis.count_params`, closed form), before anything is
@@ -193,7 +201,7 @@ def check_param_count(path: str | os.PathLike[str], config: Any) -> None:
         CheckpointMismatchError: when the counts differ.
     """
     file = Path(path) / WEIGHTS_NAME
-    stored, implied = safetensors_numel(file), count_params(config)
+    stored, implied = safetensors_numel(file), implied_params(config)
     if stored != implied:
         fields = ("d_model", "n_heads", "n_layers", "d_ff", "vocab_size")
         sizes = ", ".join(f"{k}={getattr(config, k)}" for k in fields if hasattr(config, k))

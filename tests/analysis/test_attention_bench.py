@@ -14,7 +14,6 @@ import pytest
 from attnlab.analysis.attention_bench import (
     BenchConfig,
     CaseResult,
-    add_bench_subparser,
     estimate_peak_bytes,
     parse_seq_lens,
     run_case,
@@ -25,6 +24,7 @@ from attnlab.analysis.attention_bench_report import (
     fit_exponent,
     format_markdown,
 )
+from attnlab.cli.bench import add_parser as add_bench_subparser
 
 
 def test_parse_seq_lens() -> None:

@@ -264,10 +264,10 @@ def test_beam_one_equals_greedy() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        (dict(num_beams=0), ValueError, "num_beams must be a positive integer"),
+        (dict(num_beams=0), ValueError, "num_beams must be positive, got 0"),
         (dict(num_beams=2, num_return_sequences=3), ValueError, "num_return_sequences"),
-        (dict(length_norm="log"), ValueError, "unknown length penalty 'log'"),
-        (dict(max_new_tokens=0), ValueError, "max_new_tokens must be >= 1"),
+        (dict(length_norm="log"), ValueError, "length_norm='log' is not valid"),
+        (dict(max_new_tokens=0), ValueError, "max_new_tokens must be positive, got 0"),
         (dict(input_ids=[[]]), ValueError, "prompt 0 is empty"),
     ],
 )

@@ -208,21 +208,42 @@ def test_model_generate_method_and_one_dim_input() -> None:
     assert torch.equal(out, attnlab.generate(model, row[None], max_new_tokens=6))
 
 
-def test_context_limits_error_or_truncate() -> None:
+def test_context_limits_error_truncate_or_slide() -> None:
     model = gpt()  # max_seq_len 96
     with pytest.raises(ValueError, match=r"90 \+ 10 tokens exceed the model's context"):
-        attnlab.generate(model, [[5] * 90], max_new_tokens=10)
-    out = attnlab.generate(model, [[5] * 90], max_new_tokens=10, truncate=True)
+        attnlab.generate(model, [[5] * 90], max_new_tokens=10, context="error")
+    out = attnlab.generate(model, [[5] * 90], max_new_tokens=10, context="truncate")
     assert out.shape == (1, 6)
     with pytest.raises(ValueError, match="does not leave room"):
-        attnlab.generate(model, [[5] * 96], max_new_tokens=1, truncate=True)
+        attnlab.generate(model, [[5] * 96], max_new_tokens=1, context="truncate")
     with pytest.raises(ValueError, match="does not leave room"):
-        attnlab.generate(model, [[5] * 100], max_new_tokens=1)
+        attnlab.generate(model, [[5] * 100], max_new_tokens=1, context="error")
+    assert attnlab.generate(model, [[5] * 90], max_new_tokens=10).shape == (1, 10)  # slides
     ed = enc_dec()
     with pytest.raises(ValueError, match="100 new tokens"):
-        attnlab.generate(ed, [[5, 6]], max_new_tokens=100)
+        attnlab.generate(ed, [[5, 6]], max_new_tokens=100, context="error")
+    assert attnlab.generate(ed, [[5, 6]], max_new_tokens=100, eos_id=()).shape == (1, 96)
     with pytest.raises(ValueError, match="source of 97 tokens"):
         attnlab.generate(ed, [[5] * 97], max_new_tokens=1)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_sliding_context_equals_nanogpt_cropping(padded: bool) -> None:
+    """Past the context, each token is the arg-max over the last max_seq_len tokens (nanoGPT's
+    ``idx[:, -block_size:]``), whatever the prompt length; batches pad on the left."""
+    model = gpt(max_seq_len=12)
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14][: (7 if padded else 10)], list(range(3, 13))]
+    out = attnlab.generate(model, prompts, max_new_tokens=9, eos_id=())
+    for row, prompt in enumerate(prompts):
+        seq = list(prompt)
+        with torch.no_grad():
+            for _ in range(9):
+                logits, _ = model(torch.tensor([seq[-12:]]))
+                seq.append(int(logits[0, -1].argmax()))
+        assert out[row].tolist() == seq[len(prompt) :]
+    long_prompt = [list(range(3, 23))]  # longer than the context: cropped to the last 12
+    cropped = attnlab.generate(model, [long_prompt[0][-12:]], max_new_tokens=4, eos_id=())
+    assert torch.equal(attnlab.generate(model, long_prompt, max_new_tokens=4, eos_id=()), cropped)
 
 
 @pytest.mark.parametrize(
@@ -239,14 +260,14 @@ def test_context_limits_error_or_truncate() -> None:
         ),
         (dict(input_ids=[[1, V]]), f"token id {V} is outside the vocabulary"),
         (dict(input_ids=torch.ones(2, 3)), "integer token ids"),
-        (dict(max_new_tokens=0), "max_new_tokens must be >= 1"),
+        (dict(max_new_tokens=0), "max_new_tokens must be positive"),
         (dict(do_sample=True, top_p=0.0), r"top_p must be in \(0, 1\]"),
         (dict(do_sample=True, top_p=1.5), r"top_p must be in \(0, 1\]"),
-        (dict(do_sample=True, top_k=0), "top_k must be a positive integer"),
+        (dict(do_sample=True, top_k=0), "top_k must be positive"),
         (dict(do_sample=True, min_p=-0.1), r"min_p must be in \[0, 1\]"),
         (dict(do_sample=True, temperature=-1.0), "temperature must be >= 0"),
         (dict(top_k=5), "only apply when sampling"),
-        (dict(num_beams=0), "num_beams must be a positive integer"),
+        (dict(num_beams=0), "num_beams must be positive"),
         (dict(num_return_sequences=2), "needs do_sample=True or num_beams > 1"),
         (dict(num_beams=2, num_return_sequences=3), r"num_return_sequences must be in \[1, "),
         (dict(num_beams=2, do_sample=True), "beam search is deterministic"),
@@ -280,17 +301,3 @@ def test_source_tokens_equal_to_pad_id_are_real_when_given_as_lists() -> None:
     # A tensor without a mask follows the model's convention: ids equal to pad_id are padding.
     masked = attnlab.generate(model, torch.tensor(src), max_new_tokens=12, eos_id=())
     assert not torch.equal(masked, explicit)
-
-
-def test_matches_the_simple_greedy_decoder() -> None:
-    """attnlab.generate on an encoder-decoder == generation.greedy.greedy_decode."""
-    from attnlab.generation import greedy_decode
-
-    model = enc_dec(eos_id=2)
-    src = torch.randint(3, V, (4, 9))
-    src[1, 6:] = 0
-    src[3, 2:] = 0
-    for n in (1, 5, 40):
-        assert torch.equal(
-            attnlab.generate(model, src, max_new_tokens=n), greedy_decode(model, src, max_len=n)
-        )

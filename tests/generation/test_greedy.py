@@ -1,4 +1,5 @@
-"""Greedy decoding: the KV-cached loop equals full recomputation; EOS handling; model mode."""
+"""Greedy decoding of the encoder-decoder with ``generate``: the KV-cached loop equals full
+recomputation; EOS handling; model mode."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from attnlab.generation import greedy_decode
+from attnlab.generation import generate
 from attnlab.models import EncoderDecoderTransformer, TransformerConfig
 
 BOS, EOS, PAD = 1, 2, 0
@@ -58,7 +59,7 @@ def _greedy_without_cache(model: EncoderDecoderTransformer, src: Tensor, max_len
 def test_cached_equals_full_recompute(pos_encoding: str, norm_position: str) -> None:
     model = _model(pos_encoding, norm_position=norm_position)
     src = _src()
-    ours = greedy_decode(model, src, max_len=12)
+    ours = generate(model, src, max_new_tokens=12)
     ref = _greedy_without_cache(model, src, 12)
     assert ours.shape == (5, 12)
     assert torch.equal(ours, ref)
@@ -70,7 +71,7 @@ def test_cached_equals_full_recompute_with_eos() -> None:
     with torch.no_grad():
         model.lm_head.weight[EOS] *= 4
     src = _src()
-    ours = greedy_decode(model, src, max_len=20)
+    ours = generate(model, src, max_new_tokens=20)
     ref = _greedy_without_cache(model, src, 20)
     assert (ours == EOS).any(), "test needs some EOS"
     assert torch.equal(ours, ref)
@@ -92,32 +93,36 @@ class _Scripted(EncoderDecoderTransformer):
 
 def test_stops_when_every_row_has_eos_and_pads_after_it() -> None:
     model = _Scripted([[5, EOS, 7, 7, 7, 7], [5, 6, 7, EOS, 9, 9], [EOS, 3, 3, 3, 3, 3]])
-    out = greedy_decode(model, torch.full((3, 4), 5), max_len=6)
+    out = generate(model, torch.full((3, 4), 5), max_new_tokens=6)
     assert out.tolist() == [[5, EOS, PAD, PAD], [5, 6, 7, EOS], [EOS, PAD, PAD, PAD]]
     assert model.calls == 4  # stopped early
 
 
 def test_max_len_without_eos() -> None:
     model = _Scripted([[5, 6, 7, 8]])
-    assert greedy_decode(model, torch.full((1, 2), 5), max_len=3).tolist() == [[5, 6, 7]]
+    assert generate(model, torch.full((1, 2), 5), max_new_tokens=3).tolist() == [[5, 6, 7]]
 
 
 def test_restores_training_mode_and_is_deterministic() -> None:
     model = _model()  # dropout 0.1: a train-mode decode would be random
     model.train()
     src = _src()
-    a = greedy_decode(model, src, max_len=8)
+    a = generate(model, src, max_new_tokens=8)
     assert model.training
-    b = greedy_decode(model, src, max_len=8)
+    b = generate(model, src, max_new_tokens=8)
     assert torch.equal(a, b)
     model.eval()
-    greedy_decode(model, src, max_len=2)
+    generate(model, src, max_new_tokens=2)
     assert not model.training
 
 
 def test_errors() -> None:
     model = _model()
-    with pytest.raises(ValueError, match="max_len"):
-        greedy_decode(model, _src(), max_len=0)
-    with pytest.raises(ValueError, match=r"\(B, S\)"):
-        greedy_decode(model, _src()[0], max_len=3)
+    with pytest.raises(ValueError, match="max_new_tokens must be positive, got 0"):
+        generate(model, _src(), max_new_tokens=0)
+    with pytest.raises(ValueError, match=r"must be \(B, T\) or \(T,\)"):
+        generate(model, _src()[None], max_new_tokens=3)
+    one = _src()[:1]  # a 1-D source is one sequence
+    assert torch.equal(
+        generate(model, one[0], max_new_tokens=3), generate(model, one, max_new_tokens=3)
+    )

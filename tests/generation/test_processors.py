@@ -74,10 +74,17 @@ def test_top_k_keeps_k_largest_and_ties() -> None:
 
 
 def test_temperature_scales_logits() -> None:
+    """logits / T, shifted by the row maximum (the same softmax); a tiny T gives the one-hot
+    arg-max distribution, never NaN (inf - inf)."""
     x = logits_of(DIST)
-    torch.testing.assert_close(Temperature(0.5)(x), x * 2)
+    torch.testing.assert_close(Temperature(0.5)(x), (x - x.amax(-1, keepdim=True)) * 2)
+    torch.testing.assert_close(Temperature(0.5)(x).softmax(-1), (x * 2).softmax(-1))
     cold = Temperature(1e-3)(x).softmax(-1)
     assert cold[0, 2] > 0.999999  # -> one-hot on the arg-max
+    frozen = Temperature(1e-45)(x * 1e3).softmax(-1)
+    assert torch.isfinite(frozen).all() and frozen[0, 2] == 1.0
+    draw = torch.multinomial(frozen, 1, generator=torch.Generator().manual_seed(0))
+    assert int(draw) == 2
 
 
 def test_chain_order_and_registry() -> None:
@@ -102,7 +109,7 @@ def test_chain_order_and_registry() -> None:
         (lambda: TopK(0), "top_k must be a positive integer"),
         (lambda: TopK(2.5), "top_k must be a positive integer"),
         (lambda: MinP(1.5), r"min_p must be in \[0, 1\]"),
-        (lambda: Temperature(0.0), "temperature must be > 0"),
+        (lambda: Temperature(0.0), "temperature must be a finite number > 0"),
         (lambda: build_processors(temperature=-0.1), "temperature must be >= 0"),
     ],
 )

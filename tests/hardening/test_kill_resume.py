@@ -14,7 +14,7 @@ seeded trials, each killed 1 to 3 times before it is resumed to the end (``--res
   ``checkpoints/`` (before a temporary file is made durable, before or after each atomic rename;
   see ``kill_worker.py``);
 - *any-write* kills: the same over every file operation of the run directory, including the
-  writes of ``train_config.json`` and ``tokenizer.json`` (atomic too: a torn temporary file) and
+  writes of ``run.json`` and ``tokenizer.json`` (atomic too: a torn temporary file) and
   of ``metrics.jsonl`` (a ``write_text`` is torn in half).
 
 After every kill, every checkpoint on disk is checked: the one ``latest`` names loads (weights and
@@ -52,7 +52,8 @@ import torch
 
 from attnlab.io import atomic_write_text, remove_stale_temp_files
 from attnlab.pretrained import load_attnlab
-from attnlab.training.state import latest_checkpoint, load_training_state
+from attnlab.training.rundir import latest_checkpoint
+from attnlab.training.state import load_training_state
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux", reason="forks runs and reads /proc/self/fd (Linux)"
@@ -292,7 +293,7 @@ def test_killed_and_resumed_run_matches_the_uninterrupted_one(setup: Setup, tria
     print(f"trial {trial}: {'; '.join(history)}; temporary files the resume removed: {stale}")
 
 
-@pytest.mark.parametrize("name", ["tokenizer.json", "train_config.json", "metrics.jsonl"])
+@pytest.mark.parametrize("name", ["tokenizer.json", "run.json", "metrics.jsonl"])
 def test_a_resume_killed_while_rewriting_a_run_file_resumes_again(setup: Setup, name: str) -> None:
     """A resume rewrites the run's files first (the tokenizer and the settings, atomically; the
     metrics cut back to the checkpoint's step, through a temporary file); a kill tearing the
@@ -327,7 +328,7 @@ def test_atomic_write_keeps_the_old_file_on_failure_and_stale_temp_files_are_rec
     """The helpers the run's files go through: a failed write leaves the old file and no
     temporary file; the clean-up removes only attnlab's temporary names (``.NAME.XXXXXXXX.tmp``,
     from ``tempfile.mkstemp``), in sub-directories too."""
-    file = tmp_path / "train_config.json"
+    file = tmp_path / "run.json"
     atomic_write_text(file, "old\n")
     with pytest.raises(TypeError):
         atomic_write_text(file, 3)  # type: ignore[arg-type]  # fails inside the write

@@ -29,11 +29,11 @@ from attnlab.analysis import count_params, kv_cache_bytes, training_memory
 from attnlab.analysis import memory_check as mc
 from attnlab.analysis.report import human_bytes
 from attnlab.cli import main
-from attnlab.generation.layout import copy_numel
 from attnlab.interop import CheckpointMismatchError, save_hf
+from attnlab.models.cnn import CNNConfig
 from attnlab.pretrained import check_param_count, safetensors_numel
-from attnlab.training import recipes
-from attnlab.training.baselines import CNNConfig
+from attnlab.training.recipes import base as recipes
+from attnlab.transforms.decode_weights import copy_numel
 
 GIB = 2**30
 TINY_GPT = GPTConfig(vocab_size=50, d_model=16, n_heads=2, n_layers=1, d_ff=32, max_seq_len=8,
@@ -141,15 +141,18 @@ def test_estimates_for_what_the_analysis_cannot_model_are_none() -> None:
 
 
 def test_generation_estimate_counts_weights_cache_and_prefill() -> None:
-    e = mc.estimate_generation(TINY_GPT, batch=2, prompt_len=5, max_new_tokens=3, num_beams=2)
+    with torch.device("meta"):
+        copied = copy_numel(attnlab.GPT(TINY_GPT))  # the decoding copies of fp32 on the CPU
+    assert copied == copy_numel(TINY_GPT) > 0  # also from the config alone
+    e = mc.estimate_generation(
+        TINY_GPT, batch=2, prompt_len=5, max_new_tokens=3, num_beams=2, decode_copy_numel=copied
+    )
     assert e is not None
     assert e.parts["weights"] == 4 * count_params(TINY_GPT)
     assert e.parts["kv_cache"] == kv_cache_bytes(TINY_GPT, 8, batch=4)
     assert e.parts["prefill"] == 4 * (2 * 5 * 50 + 2 * 2 * 2 * 5 * 5)  # logits + one layer
-    with torch.device("meta"):
-        copied = copy_numel(attnlab.GPT(TINY_GPT))  # the decoding copies of fp32 on the CPU
     assert e.parts["decode_copies"] == 4 * copied > 0
-    gpu = mc.estimate_generation(TINY_GPT, batch=2, prompt_len=5, max_new_tokens=3, cpu=False)
+    gpu = mc.estimate_generation(TINY_GPT, batch=2, prompt_len=5, max_new_tokens=3)
     assert gpu is not None and "decode_copies" not in gpu.parts
     tr = mc.estimate_generation(TINY["transformer"], batch=1, prompt_len=6, max_new_tokens=4)
     assert tr is not None and tr.parts["kv_cache"] == kv_cache_bytes(TINY["transformer"], 4,
@@ -248,7 +251,7 @@ def test_train_reverse_checks_memory_unless_told_not_to(
     assert status == 2 and "more than the 1.00 KiB of memory available" in err, err
     argv = ["train", "reverse", *REVERSE_TINY, "--out", str(out), "--ignore-memory-check"]
     assert run_cli(argv, capsys)[0] == 0
-    assert (out / "model.safetensors").is_file()
+    assert (out / "checkpoints" / "step_00000002" / "model.safetensors").is_file()
 
 
 def test_train_translate_checks_memory_before_reading_data(

@@ -47,15 +47,18 @@ from attnlab import (
 from attnlab import analysis as an
 from attnlab import generation as G
 from attnlab import layers as L
+from attnlab import tokenizers as TK
 from attnlab import training as TR
 from attnlab.analysis import memory_check as mc
 from attnlab.cli import main as cli_main
 from attnlab.config import config_from_dict
+from attnlab.generation import ContextLengthError
 from attnlab.interop import load_tokenizer, save_hf
 from attnlab.layers.attention_linear import favor_projection
 from attnlab.layers.patch_embedding import PatchEmbedding, patchify, unpatchify
 from attnlab.models import config_for, config_from_json_dict
 from attnlab.sentence import embed
+from attnlab.tokenizers import load_tokenizer as load_any_tokenizer
 from attnlab.viz.capture import fuse_heads
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "validation.md"
@@ -222,12 +225,18 @@ def lay_out_checkpoints(root: Path) -> None:
     (root / "not_a_tokenizer.json").write_text('{"hello": 1}')
     run = TR.prepare("shakespeare-char", {"data": "corpus.txt"})  # a run with the defaults
     (root / "runs" / "old").mkdir(parents=True)
-    saved = {"train": run.train.to_dict(), **run.run_config()}  # killed before its 1st checkpoint
-    (root / "runs" / "old" / "train_config.json").write_text(json.dumps(saved))
+    (root / "runs" / "old" / "run.json").write_text(json.dumps(run.record()))  # killed before
+    # its first checkpoint
     (root / "runs" / "no_checkpoint").mkdir()
 
 
 # ---------------------------------------------------------------------------- the table
+
+
+def parts() -> tuple[Any, Any, Any, Any]:
+    """A block's parts: attention, FFN and two norms (d_model 8, 2 heads, d_ff 16)."""
+    return L.MultiHeadAttention(8, 2), L.FeedForward(8, 16), L.LayerNorm(8), L.LayerNorm(8)
+
 
 # fmt: off
 ROWS: list[Row] = [
@@ -309,8 +318,9 @@ ROWS: list[Row] = [
     Row("layers", "PatchEmbedding", "a non-positive size", lambda: PatchEmbedding(8, 4, 0, 8), ValueError),
     Row("layers", "patchify", "3-D images", lambda: patchify(t(3, 8, 8), 4), ValueError),
     Row("layers", "unpatchify", "patches that do not tile the image", lambda: unpatchify(t(1, 3, 48), 4, 8, 8), ValueError),
-    Row("layers", "EncoderLayer", "unknown norm_position", lambda: L.EncoderLayer(8, 2, 16, norm_position="middle"), ValueError),  # type: ignore[arg-type]
-    Row("layers", "DecoderLayer.forward", "no memory for a cross-attention layer", lambda: L.DecoderLayer(8, 2, 16)(t(1, 2, 8)), ValueError),
+    Row("layers", "EncoderLayer", "unknown norm_position", lambda: L.EncoderLayer(*parts(), norm_position="middle"), ValueError),  # type: ignore[arg-type]
+    Row("layers", "DecoderLayer.forward", "no memory for a cross-attention layer", lambda: L.DecoderLayer(*parts(), cross_attn=L.MultiHeadAttention(8, 2), cross_attn_norm=L.LayerNorm(8))(t(1, 2, 8)), ValueError),
+    Row("layers", "DecoderLayer", "cross_attn without its norm", lambda: L.DecoderLayer(*parts(), cross_attn=L.MultiHeadAttention(8, 2)), ValueError),
     Row("layers", "LayerKVCache", "max_len = 0", lambda: L.LayerKVCache(0), ValueError),
     Row("layers", "LayerKVCache.update", "more tokens than max_len", lambda: L.LayerKVCache(2).update(t(1, 1, 3, 4), t(1, 1, 3, 4)), ValueError),
     Row("layers", "KVCache", "one window per layer expected", lambda: L.KVCache(2, 8, windows=[None]), ValueError),
@@ -464,8 +474,13 @@ ROWS: list[Row] = [
     Row("training", "TrainConfig", "cosine with warmup >= steps", lambda: TR.TrainConfig(schedule="cosine", steps=10, warmup=10), ValueError),
     Row("training", "TrainConfig", "keep_checkpoints = 0", lambda: TR.TrainConfig(keep_checkpoints=0), ValueError),
     Row("training", "TrainConfig.from_dict", "unknown key", lambda: TR.TrainConfig.from_dict({"stepz": 10}), ValueError),
-    Row("training", "LoopConfig", "cosine with steps <= warmup", lambda: TR.LoopConfig(schedule="cosine", steps=10, warmup=10), ValueError),
-    Row("training", "LoopConfig", "label_smoothing = -0.1", lambda: TR.LoopConfig(label_smoothing=-0.1), ValueError),
+    Row("training", "TrainConfig", "label_smoothing = -0.1", lambda: TR.TrainConfig(label_smoothing=-0.1), ValueError),
+    Row("training", "TrainConfig", "an infinite lr", lambda: TR.TrainConfig(lr=float("inf")), ValueError),
+    Row("training", "TrainConfig", "a NaN clip_grad_norm", lambda: TR.TrainConfig(clip_grad_norm=float("nan")), ValueError),
+    Row("training", "TrainConfig", "no budget at all", lambda: TR.TrainConfig(steps=None), ValueError),
+    Row("training", "TrainConfig", "average_last above keep_checkpoints", lambda: TR.TrainConfig(average_last=3), ValueError),
+    Row("training", "TrainConfig", "a best_metric that is not a validation metric", lambda: TR.TrainConfig(best_metric="loss"), ValueError),
+    Row("training", "TrainConfig", "an unknown optimizer_impl", lambda: TR.TrainConfig(optimizer_impl="magic"), ValueError),  # type: ignore[arg-type]
     Row("training", "Trainer", "noam for a model without d_model", lambda: TR.Trainer(nn.Linear(2, 2), TR.CausalLMObjective(stream_of(100), 4), TR.TrainConfig()), ValueError),
     Row("training", "Trainer.save", "no run_dir", lambda: trainer().save(), ValueError),
     Row("training", "TokenStream", "2-D ids", lambda: TR.TokenStream(ids(2, 50)), ValueError),
@@ -484,23 +499,23 @@ ROWS: list[Row] = [
     Row("training", "label_smoothed_cross_entropy", "epsilon = 1.5", lambda: TR.label_smoothed_cross_entropy(t(2, 5), ids(2), epsilon=1.5), ValueError),
     Row("training", "label_smoothed_cross_entropy", "targets of the wrong shape", lambda: TR.label_smoothed_cross_entropy(t(2, 5), ids(3)), ValueError),
     Row("training", "label_smoothed_cross_entropy", "unknown reduction", lambda: TR.label_smoothed_cross_entropy(t(2, 5), ids(2), reduction="max"), ValueError),  # type: ignore[arg-type]
-    Row("training", "CharTokenizer", "repeated characters", lambda: TR.CharTokenizer(["a", "a"]), ValueError),
-    Row("training", "CharTokenizer", "a multi-character token", lambda: TR.CharTokenizer(["ab"]), ValueError),
-    Row("training", "CharTokenizer.encode", "a character outside the vocabulary", lambda: TR.CharTokenizer(["a", "b"]).encode("abc"), ValueError),
-    Row("training", "training.load_tokenizer", "a JSON file that is no tokenizer", lambda: TR.load_tokenizer("not_a_tokenizer.json"), ValueError),
+    Row("training", "CharTokenizer", "repeated characters", lambda: TK.CharTokenizer(["a", "a"]), ValueError),
+    Row("training", "CharTokenizer", "a multi-character token", lambda: TK.CharTokenizer(["ab"]), ValueError),
+    Row("training", "CharTokenizer.encode", "a character outside the vocabulary", lambda: TK.CharTokenizer(["a", "b"]).encode("abc"), ValueError),
+    Row("training", "tokenizers.load_tokenizer", "a JSON file that is no tokenizer", lambda: load_any_tokenizer("not_a_tokenizer.json"), ValueError),
     Row("training", "ReverseTask", "min_len > max_len", lambda: TR.ReverseTask(min_len=5, max_len=3), ValueError),
     Row("training", "ReverseTask", "a vocabulary with no content tokens", lambda: TR.ReverseTask(vocab_size=3), ValueError),
     Row("training", "load_text", "a missing file", lambda: TR.load_text("no_such.txt", download=False), FileNotFoundError),
     Row("training", "prepare", "unknown recipe", lambda: TR.prepare("gpt-9"), ValueError),
     Row("training", "prepare", "unknown arch", lambda: TR.prepare("shakespeare-char", {"arch": "rnn"}), ValueError),
-    Row("training", "load_run", "a directory without train_config.json", lambda: TR.load_run("runs/no_checkpoint"), FileNotFoundError),
+    Row("training", "load_run", "a directory without run.json", lambda: TR.load_run("runs/no_checkpoint"), FileNotFoundError),
     Row("training", "load_training_state", "a checkpoint without trainer state", lambda: TR.load_training_state("ckpt/a_gpt", build_model(TINY_GPT)), FileNotFoundError),
     Row("training", "estimate_generation", "prompt_len = 0", lambda: mc.estimate_generation(TINY_GPT, batch=1, prompt_len=0, max_new_tokens=1), ValueError),
     Row("training", "check_fits", "an estimate above the available memory", lambda: mc.check_fits(mc.estimate_training(TINY_GPT, batch=2), available=(1024, "MemAvailable")), mc.MemoryLimitError),
     # -- generation
     Row("generation", "generate", "a model that does not generate", lambda: G.generate(model("bert"), ids(1, 3), max_new_tokens=2), TypeError),
     Row("generation", "generate", "max_new_tokens = 0", lambda: gen(max_new_tokens=0), ValueError),
-    Row("generation", "generate", "max_new_tokens = 2.5", lambda: gen(max_new_tokens=2.5), ValueError),
+    Row("generation", "generate", "max_new_tokens = 2.5", lambda: gen(max_new_tokens=2.5), TypeError),
     Row("generation", "generate", "sampling options without do_sample", lambda: gen(top_k=5, temperature=0.7), ValueError),
     Row("generation", "generate", "num_return_sequences > 1 when greedy", lambda: gen(num_return_sequences=2), ValueError),
     Row("generation", "generate", "num_return_sequences = 0", lambda: gen(do_sample=True, num_return_sequences=0), ValueError),
@@ -518,15 +533,21 @@ ROWS: list[Row] = [
     Row("generation", "generate", "float ids", lambda: gen(input_ids=t(1, 3)), ValueError),
     Row("generation", "generate", "an attention mask with a list of prompts", lambda: gen(input_ids=[[1, 2]], attention_mask=torch.ones(1, 2, dtype=torch.bool)), ValueError),
     Row("generation", "generate", "an attention mask of another shape", lambda: gen(attention_mask=torch.ones(1, 4, dtype=torch.bool)), ValueError),
-    Row("generation", "generate", "prompt + new tokens beyond max_seq_len", lambda: gen(input_ids=ids(1, 6), max_new_tokens=5), ValueError),
-    Row("generation", "generate", "a prompt that fills the context (truncate=True)", lambda: gen(input_ids=ids(1, 8), truncate=True), ValueError),
+    Row("generation", "generate", "prompt + new tokens beyond max_seq_len (context='error')", lambda: gen(input_ids=ids(1, 6), max_new_tokens=5, context="error"), ContextLengthError),
+    Row("generation", "generate", "a prompt that fills the context (context='truncate')", lambda: gen(input_ids=ids(1, 8), context="truncate"), ContextLengthError),
+    Row("generation", "generate", "an unknown context policy", lambda: gen(context="wrap"), ValueError),
+    Row("generation", "generate", "an unknown option", lambda: gen(num_beam=2), ValueError),
+    Row("generation", "generate", "eos_id as a string", lambda: gen(eos_id="19"), TypeError),
+    Row("generation", "generate", "a fractional pad_id", lambda: gen(pad_id=1.5), TypeError),
+    Row("generation", "generate", "num_return_sequences as a float", lambda: gen(do_sample=True, num_return_sequences=2.0), TypeError),
+    Row("generation", "generate", "a NaN length_penalty", lambda: gen(num_beams=2, length_penalty=float("nan")), ValueError),
+    Row("generation", "generate", "an infinite temperature", lambda: gen(do_sample=True, temperature=float("inf")), ValueError),
     Row("generation", "generate", "an eos id outside the vocabulary", lambda: gen(eos_id=99), ValueError),
     Row("generation", "generate", "a pad id outside the vocabulary", lambda: gen(pad_id=-1), ValueError),
-    Row("generation", "generate (encoder-decoder)", "new tokens beyond max_seq_len", lambda: G.generate(model("transformer"), ids(1, 3), max_new_tokens=TINY_TR.max_seq_len + 1), ValueError),
+    Row("generation", "generate (encoder-decoder)", "new tokens beyond max_seq_len (context='error')", lambda: G.generate(model("transformer"), ids(1, 3), max_new_tokens=TINY_TR.max_seq_len + 1, context="error"), ContextLengthError),
     Row("generation", "beam_search", "num_return_sequences > num_beams", lambda: G.beam_search(model("gpt"), ids(1, 3), max_new_tokens=2, num_beams=2, num_return_sequences=3), ValueError),
     Row("generation", "beam_search", "unknown length_norm", lambda: G.beam_search(model("gpt"), ids(1, 3), max_new_tokens=2, length_norm="linear"), ValueError),
-    Row("generation", "greedy_decode", "max_len = 0", lambda: G.greedy_decode(model("transformer"), ids(1, 3), max_len=0), ValueError),
-    Row("generation", "greedy_decode", "1-D source ids", lambda: G.greedy_decode(model("transformer"), ids(3), max_len=4), ValueError),
+    Row("generation", "generate (encoder-decoder)", "max_new_tokens = 0", lambda: G.generate(model("transformer"), ids(1, 3), max_new_tokens=0), ValueError),
     Row("generation", "Temperature", "temperature = 0", lambda: G.Temperature(0.0), ValueError),
     Row("generation", "TopK", "k = 0", lambda: G.TopK(0), ValueError),
     Row("generation", "TopP", "p = 0", lambda: G.TopP(0.0), ValueError),
@@ -557,7 +578,7 @@ ROWS: list[Row] = [
     Row("cli", "attnlab generate", "beam search with sampling options", lambda: cli("generate", "ckpt/a_gpt", "--ids", "1", "--num-beams", "2", "--top-k", "5"), CLIExitError),
     Row("cli", "attnlab generate", "--top-p 1.5", lambda: cli("generate", "ckpt/a_gpt", "--ids", "1", "--top-p", "1.5"), CLIExitError),
     Row("cli", "attnlab generate", "an id outside the vocabulary", lambda: cli("generate", "ckpt/a_gpt", "--ids", "50"), CLIExitError),
-    Row("cli", "attnlab generate", "more tokens than the context", lambda: cli("generate", "ckpt/a_gpt", "--ids", "1,2", "--max-new-tokens", "10"), CLIExitError),
+    Row("cli", "attnlab generate", "more tokens than the context (--context error)", lambda: cli("generate", "ckpt/a_gpt", "--ids", "1,2", "--max-new-tokens", "10", "--context", "error"), CLIExitError),
     Row("cli", "attnlab generate", "an unknown --length-norm", lambda: cli("generate", "ckpt/a_gpt", "--ids", "1", "--length-norm", "linear"), CLIExitError),
     Row("cli", "attnlab generate", "a run that cannot fit in RAM (1 KiB available)", lambda: cli("generate", "ckpt/a_gpt", "--ids", "1", available=1024), CLIExitError),
     Row("cli", "attnlab sample", "a missing run", lambda: cli("sample", "runs/nowhere"), CLIExitError),

@@ -16,7 +16,7 @@ import torch
 
 import attnlab
 from attnlab import EncoderDecoderTransformer, TransformerConfig
-from attnlab.generation.greedy import greedy_decode
+from attnlab.generation import generate
 from attnlab.interop import save_hf
 from attnlab.interop.hf_marian import feature_order
 
@@ -77,7 +77,7 @@ def test_parity_and_greedy(transformers: ModuleType, tools: Any, tmp_path: Path)
         ref_ids = hf.generate(
             src, attention_mask=mask, max_new_tokens=32, num_beams=1, do_sample=False
         )
-    ours = greedy_decode(model, src, max_len=32, src_mask=real)
+    ours = generate(model, src, attention_mask=real, max_new_tokens=32)
     assert torch.equal(ours, ref_ids[:, 1:])  # transformers keeps the start token
 
 

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.layers import CrossKVCache, DecoderLayer, KVCache, LayerKVCache, RotaryEmbedding
+from attnlab.layers import (
+    CrossKVCache,
+    DecoderLayer,
+    FeedForward,
+    KVCache,
+    LayerKVCache,
+    LayerNorm,
+    MultiHeadAttention,
+    RotaryEmbedding,
+)
 from attnlab.models import EncoderDecoderTransformer, TransformerConfig
 
 
@@ -50,12 +59,13 @@ def test_reorder_selects_batch_rows() -> None:
 def test_decoder_layer_cache_with_rope_continues_positions() -> None:
     """Without explicit positions, RoPE positions continue after what the cache holds."""
     rope = RotaryEmbedding(4)
-    layer = DecoderLayer(8, 2, 16, cross_attention=False, rotary=rope).eval()
+    attn = MultiHeadAttention(8, 2, rotary=rope)
+    layer = DecoderLayer(attn, FeedForward(8, 16), LayerNorm(8), LayerNorm(8)).eval()
     x = torch.randn(2, 5, 8)
-    full, _ = layer(x)
+    full = layer(x)
     cache = LayerKVCache(8)
-    steps = [layer(x[:, :3], cache=cache)[0]]
-    steps += [layer(x[:, t : t + 1], cache=cache)[0] for t in (3, 4)]
+    steps = [layer(x[:, :3], cache=cache)]
+    steps += [layer(x[:, t : t + 1], cache=cache) for t in (3, 4)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
 
 

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.layers import MultiHeadAttention, causal_mask, padding_mask_from_lengths
-from attnlab.layers.kv_cache import CrossKVCache
+from attnlab.layers.kv_cache import CrossKVCache, LayerKVCache
 
 
 def test_exercise_1_through_mha() -> None:
@@ -199,9 +199,11 @@ def test_cross_attention_uses_cross_cache() -> None:
     x, memory = torch.randn(1, 2, 8), torch.randn(1, 4, 8)
     cc = CrossKVCache()
     ref, _ = mha(x, memory)
-    out1, _ = mha(x, memory, cache=cc)
+    out1, _ = mha(x, memory, cross_cache=cc)
     assert cc.is_set and cc.k is not None and cc.k.shape == (1, 2, 4, 4)
-    out2, _ = mha(x, None, cache=cc)  # memory no longer needed
+    out2, _ = mha(x, None, cross_cache=cc)  # memory no longer needed
+    with pytest.raises(ValueError, match="cross-attention takes cross_cache"):
+        mha(x, memory, cache=LayerKVCache(4))
     torch.testing.assert_close(out1, ref)
     torch.testing.assert_close(out2, ref)
 

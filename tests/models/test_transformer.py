@@ -97,8 +97,8 @@ def test_stacks_match_torch_transformer(
         memory_key_padding_mask=~src_keep[:, 0, 0],
         tgt_is_causal=True,
     )
-    memory, _ = encoder(src, mask=src_keep)
-    out, _ = decoder(tgt, memory, memory_mask=src_keep)
+    memory = encoder(src, mask=src_keep)
+    out = decoder(tgt, memory, memory_mask=src_keep)
     assert (out - ref_out).abs().max() <= 1e-5
     ref_memory = ref.encoder(src, src_key_padding_mask=~src_keep[:, 0, 0])
     real = src_keep[:, 0, 0]

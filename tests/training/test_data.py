@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from attnlab.tokenizers import BPETokenizer, CharTokenizer, load_tokenizer
 from attnlab.training.data import ArrayImageDataset, TokenStream, load_text
 from attnlab.training.objectives import CausalLMObjective, MaskedLMObjective
-from attnlab.training.tokenizers import BPETokenizer, CharTokenizer, load_tokenizer
 
 SHAKESPEARE = Path(__file__).resolve().parents[3] / "shared" / "data" / "tinyshakespeare.txt"
 needs_data = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason="shared data missing")
@@ -20,18 +20,28 @@ needs_data = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason="shared data m
 def test_tiny_shakespeare_from_a_path_and_from_attnlab_data(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    text = load_text(SHAKESPEARE)
-    assert len(text) == 1_115_394 and len(set(text)) == 65
+    text, file = load_text(SHAKESPEARE)
+    assert len(text) == 1_115_394 and len(set(text)) == 65 and file == SHAKESPEARE
     monkeypatch.setenv("ATTNLAB_DATA", str(SHAKESPEARE.parent))
-    assert load_text(download=False) == text
+    assert load_text(download=False) == (text, SHAKESPEARE)
 
 
 def test_missing_file_without_download_is_an_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ATTNLAB_DATA", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="ATTNLAB_DATA"):
+    monkeypatch.setattr("attnlab.io._checkout_data", lambda: None)  # as an installed package
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    with pytest.raises(FileNotFoundError, match=r"ATTNLAB_DATA=DIR.*--data=FILE"):
         load_text(download=False)
+
+
+@needs_data
+def test_data_is_found_beside_the_checkout_without_any_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("ATTNLAB_DATA", raising=False)
+    assert load_text(download=False)[1] == SHAKESPEARE  # ../shared/data, offline first
 
 
 def test_char_tokenizer_round_trip_and_save(tmp_path: Path) -> None:
@@ -62,7 +72,7 @@ def test_token_stream_split_and_contiguous_blocks() -> None:
     blocks = stream.blocks("train", 5, 9, torch.Generator().manual_seed(0))
     assert blocks.shape == (5, 9)
     assert (blocks.diff(dim=1) == 1).all() and (blocks < 90).all()
-    x, y = CausalLMObjective(stream, 8).batch("val", 3, torch.Generator().manual_seed(0))
+    x, y = CausalLMObjective(stream, 8).sample("val", 3, torch.Generator().manual_seed(0))
     assert torch.equal(x[:, 1:], y[:, :-1]) and (x >= 90).all()
     with pytest.raises(ValueError, match="fewer than"):
         stream.blocks("val", 1, 11, torch.Generator())
@@ -73,7 +83,7 @@ def test_mlm_batches_follow_berts_masking_rule() -> None:
         torch.randint(4, 50, (20_000,), generator=torch.Generator().manual_seed(0))
     )
     objective = MaskedLMObjective(stream, 64, vocab_size=50, mask_id=3, special_ids=(0, 1, 2, 3))
-    inputs, targets = objective.batch("train", 64, torch.Generator().manual_seed(0))
+    inputs, targets = objective.sample("train", 64, torch.Generator().manual_seed(0))
     selected = targets != -100
     assert 0.13 < selected.float().mean() < 0.17
     masked = (inputs == 3) & selected
@@ -81,7 +91,7 @@ def test_mlm_batches_follow_berts_masking_rule() -> None:
     ids = stream.blocks("train", 64, 64, torch.Generator().manual_seed(0))  # same draws
     assert torch.equal(inputs[~selected], ids[~selected])
     assert torch.equal(targets[selected], ids[selected])
-    again = objective.batch("train", 64, torch.Generator().manual_seed(0))
+    again = objective.sample("train", 64, torch.Generator().manual_seed(0))
     assert torch.equal(again[0], inputs) and torch.equal(again[1], targets)
 
 

@@ -16,7 +16,8 @@ from attnlab.training import state as state_module
 from attnlab.training.config import TrainConfig
 from attnlab.training.data import TokenStream
 from attnlab.training.objectives import CausalLMObjective
-from attnlab.training.state import latest_checkpoint, load_training_state
+from attnlab.training.rundir import RunDirError, latest_checkpoint
+from attnlab.training.state import load_training_state
 from attnlab.training.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -78,7 +79,7 @@ def test_killed_write_leaves_the_previous_checkpoint_loadable(
     fresh = _trainer(tmp_path)
     state = load_training_state(found, fresh.model)
     assert state["step"] == 2
-    assert fresh.resume() and fresh.step == 2
+    assert fresh.checkpoints.resume() and fresh.step == 2
 
 
 def test_old_checkpoints_are_pruned(tmp_path: Path) -> None:
@@ -113,12 +114,12 @@ def test_checkpoint_holds_only_safetensors_and_json(tmp_path: Path) -> None:
 
     data = json.loads((found / "trainer_state.json").read_text(), parse_constant=no_constants)
     assert data["format"] == "attnlab-trainer-state" and data["state"]["step"] == 2
-    assert data["state"]["best_val_loss"] == {"__float__": "inf"}  # no evaluation yet
+    assert data["state"]["best_value"] is None  # no evaluation yet
     tensors = load_file(found / "trainer_state.safetensors")
     assert tensors["/rng/torch"].dtype == torch.uint8
-    assert torch.equal(tensors["/rng/data"], trainer.generator.get_state())
+    assert torch.equal(tensors["/data/generator"], trainer.stream.generator.get_state())
     state = state_module.read_training_state(found)
-    expected = trainer.state_dict()
+    expected = trainer.checkpoints.state_dict()
     assert state["optimizer"]["param_groups"] == expected["optimizer"]["param_groups"]
     for name, moments in expected["optimizer"]["state"].items():  # keyed by parameter name
         for key, value in moments.items():
@@ -159,3 +160,29 @@ def test_an_old_pickled_state_is_refused(tmp_path: Path) -> None:
     assert latest_checkpoint(tmp_path) is None  # incomplete: not offered for resuming
     with pytest.raises(FileNotFoundError, match=r"trainer_state\.pt is not supported"):
         state_module.read_training_state(found)
+    with pytest.raises(RunDirError, match=r"no checkpoint of .* loads"):
+        _trainer(tmp_path).fit(resume=True)  # never starts over where checkpoints exist
+
+
+def test_resume_falls_back_to_the_newest_checkpoint_that_loads(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Truncated weights, a pointer to a missing step or outside the run: the newest valid
+    checkpoint is used, saying which were skipped; the run ends as the uninterrupted one."""
+    full = _trainer(tmp_path / "full")
+    full_losses = full.fit().losses
+    run = tmp_path / "run"
+    trainer = _trainer(run)
+    for step in (2, 3, 4):
+        trainer.fit(until=step)
+    (run / "checkpoints" / "step_00000004" / "model.safetensors").write_bytes(b"trunc")
+    (run / "checkpoints" / "latest").write_text("../../elsewhere\n")  # a path, not a name
+    torch.manual_seed(5)
+    resumed = _trainer(run)
+    with caplog.at_level("WARNING"):
+        losses = resumed.fit(resume=True).losses
+    assert resumed.step == 8 and "step_00000004" in caplog.text
+    assert full_losses[3:] == losses  # continued from step 3, bitwise
+    for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values(),
+                    strict=True):  # fmt: skip
+        assert torch.equal(a, b)

@@ -1,4 +1,5 @@
-"""The reverse task: batch layout, seeding, disjoint splits, and a tiny end-to-end training run."""
+"""The reverse task and its recipe: batch layout, seeding, disjoint splits, a tiny end-to-end
+training run on the one trainer, the recipe's learning rate."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import pytest
 import torch
 
 from attnlab.models import EncoderDecoderTransformer, TransformerConfig
-from attnlab.training import LoopConfig, ReverseTask, Seq2SeqBatch, evaluate_exact_match, train
-from attnlab.training.loop import learning_rate_schedule
+from attnlab.training import ReverseTask, Seq2SeqBatch, Trainer, prepare
+from attnlab.training.recipes.reverse import exact_match
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -54,7 +55,7 @@ def test_heldout_split_is_disjoint_from_training() -> None:
     # Without the hash partition the same streams do overlap.
     plain = ReverseTask(vocab_size=6, min_len=1, max_len=4, heldout_buckets=None)
     assert seqs(list(plain.batches(500, seed=0, n_batches=4))) & seqs(plain.heldout(300, seed=1))
-    assert sum(len(b) for b in task.heldout(250, batch_size=100)) == 250
+    assert sum(b.batch_size for b in task.heldout(250, batch_size=100)) == 250
 
 
 def test_errors() -> None:
@@ -71,67 +72,59 @@ def test_errors() -> None:
 
 
 def test_tiny_model_learns_to_reverse() -> None:
-    torch.manual_seed(0)
-    task = ReverseTask(vocab_size=10, min_len=3, max_len=6)
-    config = TransformerConfig(
-        vocab_size=10,
-        d_model=32,
-        n_heads=4,
-        n_layers=1,
-        d_ff=64,
-        dropout=0.0,
-        max_seq_len=task.seq_len,
-    )
-    model = EncoderDecoderTransformer(config)
-    heldout = task.heldout(300, seed=1)
-    before = evaluate_exact_match(model, heldout)
-    result = train(
-        model,
-        task.batches(64, seed=0),
-        LoopConfig(steps=300, warmup=50, lr_factor=0.3, betas=(0.9, 0.999), progress=False),
-    )
-    assert result.steps == 300 and not result.stopped_early
+    overrides = {"vocab": 10, "min_len": 3, "max_len": 6, "eval_size": 300, "d_model": 32,
+                 "n_layers": 1, "d_ff": 64, "steps": 300, "warmup": 50, "lr_factor": 0.3,
+                 "batch_size": 64, "schedule": "noam", "progress": False}  # fmt: skip
+    run = prepare("reverse", overrides)
+    heldout = run.data.value["heldout"]
+    before = exact_match(run.model, heldout, pad_id=0)
+    result = Trainer(run.model, run.objective, run.train, callbacks=run.callbacks).fit()
+    assert result.step == 300 and result.stopped_by == "steps"
     assert result.losses[-1] < result.losses[0] / 4
-    accuracy = evaluate_exact_match(model, heldout)
     assert before < 0.05
+    accuracy = result.evals[-1]["val_exact_match"]
+    assert accuracy == exact_match(run.model, heldout, pad_id=0)
     assert accuracy >= 0.95, f"exact match {accuracy:.3f} after 300 steps"
 
 
-def test_train_stops_when_batches_run_out_or_time_is_up() -> None:
-    task = ReverseTask(vocab_size=8, min_len=2, max_len=3)
-    model = EncoderDecoderTransformer(
-        TransformerConfig(vocab_size=8, d_model=8, n_heads=2, n_layers=1, d_ff=8)
-    )
-    config = LoopConfig(steps=10, warmup=5, progress=False)
-    result = train(model, task.batches(4, seed=0, n_batches=3), config)
-    assert result.steps == 3 and result.stopped_early
-    timed = LoopConfig(steps=10_000, warmup=5, progress=False, max_minutes=1e-9)
-    assert train(model, task.batches(4, seed=0), timed).stopped_early
+def test_the_recipe_derives_the_rate_from_lr_factor() -> None:
+    """Cosine: eq. (3)'s warmup to its peak, lr_factor · d_model^-0.5 · warmup^-0.5, then a
+    cosine to 0; noam: eq. (3) times lr_factor; an explicit lr wins."""
+    from attnlab.training.optim import build_optimizer, build_scheduler
 
-
-def test_train_config_validation() -> None:
-    with pytest.raises(ValueError, match="steps must be positive"):
-        LoopConfig(steps=0)
-    with pytest.raises(ValueError, match="label_smoothing"):
-        LoopConfig(label_smoothing=1.0)
-    with pytest.raises(ValueError, match="beta2"):
-        LoopConfig(betas=(0.9, 1.0))
-    with pytest.raises(ValueError, match="schedule='linear'"):
-        LoopConfig(schedule="linear")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="steps > warmup"):
-        LoopConfig(steps=100, warmup=100, schedule="cosine")
-
-
-def test_learning_rate_schedules_of_the_loop() -> None:
     d_model, warmup, steps = 64, 100, 1000
-    noam_config = LoopConfig(steps=steps, warmup=warmup, lr_factor=0.5)
-    cosine_config = LoopConfig(steps=steps, warmup=warmup, lr_factor=0.5, schedule="cosine")
-    eq3 = learning_rate_schedule(noam_config, d_model=d_model)
-    cos = learning_rate_schedule(cosine_config, d_model=d_model)
+    common = {"steps": steps, "warmup": warmup, "lr_factor": 0.5, "eval_size": 10}
     peak = 0.5 * d_model**-0.5 * warmup**-0.5
+    cos = prepare("reverse", common)
+    eq3 = prepare("reverse", {**common, "schedule": "noam"})
+    assert cos.train.lr == pytest.approx(peak) and eq3.train.lr == 0.5
+    assert prepare("reverse", {**common, "lr": 1e-3}).train.lr == 1e-3
+
+    def rates(run: object) -> list[float]:
+        opt = build_optimizer(run.model, run.train)  # type: ignore[attr-defined]
+        sched = build_scheduler(opt, run.train, d_model=d_model)  # type: ignore[attr-defined]
+        out = []
+        for _ in range(steps):
+            out.append(opt.param_groups[0]["lr"])
+            opt.step()  # no gradients: nothing changes, but the scheduler sees a step
+            sched.step()
+        return out
+
+    c, n = rates(cos), rates(eq3)
     for step in (1, 50, warmup):  # same warmup and peak
-        assert cos(step) == pytest.approx(eq3(step))
-    assert cos(warmup) == pytest.approx(peak)
-    assert eq3(steps) == pytest.approx(0.5 * d_model**-0.5 * steps**-0.5)
-    assert cos((warmup + steps) // 2) == pytest.approx(peak / 2)
-    assert cos(steps) == pytest.approx(0.0, abs=1e-12)
+        assert c[step - 1] == pytest.approx(n[step - 1])
+    assert c[warmup - 1] == pytest.approx(peak)
+    assert n[steps - 1] == pytest.approx(0.5 * d_model**-0.5 * steps**-0.5)
+    assert c[(warmup + steps) // 2 - 1] == pytest.approx(peak / 2, rel=1e-2)
+    assert c[steps - 1] == pytest.approx(0.0, abs=1e-7)
+
+
+def test_an_untrained_model_scores_zero_and_batches_are_needed() -> None:
+    torch.manual_seed(0)
+    model = EncoderDecoderTransformer(
+        TransformerConfig(vocab_size=8, d_model=8, n_heads=2, n_layers=1, d_ff=8, max_seq_len=8)
+    )
+    task = ReverseTask(vocab_size=8, min_len=2, max_len=3)
+    assert exact_match(model, task.heldout(20, seed=1), pad_id=0) < 0.5
+    with pytest.raises(ValueError, match="no batches"):
+        exact_match(model, [], pad_id=0)

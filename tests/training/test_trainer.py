@@ -93,11 +93,36 @@ def test_fit_logs_metrics_and_evaluates(tmp_path: Path) -> None:
     assert result.step == 6 and len(result.losses) == 6
     assert [e["step"] for e in result.evals] == [3, 6]
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in lines if "train_loss" in r]
+    train = [r for r in lines if r["split"] == "train"]
     assert [r["step"] for r in train] == [2, 4, 6]
-    assert {"lr", "tokens_per_s"} <= set(train[0])
-    assert [r["step"] for r in lines if "val_loss" in r] == [3, 6]
-    assert json.loads((tmp_path / "train_config.json").read_text())["train"]["steps"] == 6
+    assert {"loss", "lr", "grad_norm", "tokens", "tokens_per_s", "elapsed_s"} <= set(train[0])
+    val = [r for r in lines if r["split"] == "val"]
+    assert [r["step"] for r in val] == [3, 6] and {"loss", "accuracy"} <= set(val[0])
+    assert result.stopped_by == "steps" and result.best_step in (3, 6)
+
+
+def test_a_non_finite_loss_stops_the_run_before_it_is_saved(tmp_path: Path) -> None:
+    from attnlab.training import NonFiniteLossError
+
+    model, objective, config = _setup(checkpoint_every=1, lr=1e-2)
+    trainer = Trainer(model, objective, config, run_dir=tmp_path)
+    trainer.fit(until=2)
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    with pytest.raises(NonFiniteLossError, match="training loss is nan at step 3"):
+        trainer.fit()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == [
+        "step_00000001", "step_00000002",
+    ]  # fmt: skip
+
+
+def test_time_and_epoch_budgets(tmp_path: Path) -> None:
+    model, objective, config = _setup(steps=None, max_minutes=1e-6, schedule="constant")
+    result = Trainer(model, objective, config).fit()
+    assert result.stopped_by == "minutes" and result.step == 1  # checked after each update
+    with pytest.raises(ValueError, match="max_epochs needs a recipe whose data has epochs"):
+        model, objective, config = _setup(max_epochs=1)
+        Trainer(model, objective, config).fit()
 
 
 def test_early_stopping_stops_after_patience_evaluations() -> None:

@@ -10,8 +10,6 @@ from typing import Any
 
 import pytest
 
-from attnlab.translation import TranslateConfig
-
 _ROOT = os.environ.get("ATTNLAB_DATA") or Path(__file__).resolve().parents[3] / "shared" / "data"
 MULTI30K = Path(_ROOT) / "multi30k"
 SIZES = {"train": 300, "val": 40, "test_2016_flickr": 30}
@@ -32,36 +30,32 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def tiny_config(**overrides: Any) -> TranslateConfig:
-    """A model and budget small enough for a few seconds of training at one thread."""
+def tiny_config(**overrides: Any) -> dict[str, Any]:
+    """Overrides of the translate recipe small enough for seconds of training at one thread
+    (written with attnlab 0.1's option names where they had them: the aliases keep working)."""
     values: dict[str, Any] = dict(
-        vocab_size=400,
-        d_model=32,
-        n_layers=1,
-        n_heads=2,
-        d_ff=64,
-        dropout=0.1,
-        max_len=128,
-        max_tokens=512,
-        warmup=10,
-        lr_factor=2.0,
-        max_steps=8,
-        eval_every=4,
-        save_every=2,
-        average_last=3,
-        eval_bleu_sentences=8,
-        log_every=1,
+        vocab_size=400, d_model=32, n_layers=1, n_heads=2, d_ff=64, dropout=0.1, max_len=128,
+        max_tokens=512, warmup=10, lr_factor=2.0, max_steps=8, max_minutes=None, eval_every=4,
+        save_every=2, average_last=3, keep_checkpoints=3, eval_bleu_sentences=8, log_every=1,
         progress=False,
-    )
+    )  # fmt: skip
     values.update(overrides)
-    return TranslateConfig(**values)
+    return values
+
+
+def train(data: Path, out: Path, resume: bool = False, **overrides: Any) -> Any:
+    """``attnlab train translate`` of the tiny config (the library side): the FitResult."""
+    from attnlab.training.recipes import train_recipe
+
+    _, result = train_recipe(
+        "translate", out, {**tiny_config(**overrides), "data": str(data)}, resume=resume
+    )
+    return result
 
 
 @pytest.fixture(scope="session")
 def tiny_run(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished tiny run directory (30 steps): last/, best/, averaged/, snapshots."""
-    from attnlab.translation import train_translation
-
+    """A finished tiny run directory (30 steps): last/, best/, averaged/, checkpoints."""
     out = tmp_path_factory.mktemp("run") / "de-en"
-    train_translation(tiny_config(max_steps=30, eval_every=10, save_every=5), tiny_data, out)
+    train(tiny_data, out, max_steps=30, eval_every=10, save_every=5)
     return out

@@ -22,11 +22,14 @@ from attnlab.viz.capture import (
 
 @torch.no_grad()
 def _bert_reference(model: BERT, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
-    """Each layer's weights by calling the layers with need_weights=True by hand."""
+    """Each layer's weights by calling its attention with need_weights=True by hand."""
     x = model.embed(ids)
     out = []
     for layer in model.layers:
-        x, w = layer(x, mask=as_attention_mask(mask), need_weights=True)
+        h = layer.enter(x, layer.self_attn_norm)
+        a, w = layer.self_attn(h, mask=as_attention_mask(mask), need_weights=True)  # math path
+        x = layer.leave(x, a, layer.self_attn_norm)
+        x = layer.leave(x, layer.ffn(layer.enter(x, layer.ffn_norm)), layer.ffn_norm)
         out.append(w)
     return out
 
@@ -63,9 +66,22 @@ def test_seq2seq_stacks_match_encoder_decoder(tiny_seq2seq: EncoderDecoderTransf
     with torch.no_grad():
         pos_s, pos_t = torch.arange(5), torch.arange(3)
         x = m.pos_encoding.embed(m.src_embed(src), pos_s)
-        memory, enc_w = m.encoder(x, positions=pos_s, need_weights=True)
+        enc_w = []
+        for layer in m.encoder.layers:
+            h = layer.enter(x, layer.self_attn_norm)
+            enc_w.append(layer.self_attn(h, positions=pos_s, need_weights=True)[1])
+            x = layer(x, positions=pos_s)
+        memory = m.encoder.final_norm(x) if m.encoder.final_norm is not None else x
         y = m.pos_encoding.embed(m.tgt_embed(tgt), pos_t)
-        _, dec_w = m.decoder(y, memory, positions=pos_t, need_weights=True)
+        dec_w = []
+        for layer in m.decoder.layers:  # the sublayers by hand, keeping the weights
+            h = layer.enter(y, layer.self_attn_norm)
+            a, w_self = layer.self_attn(h, is_causal=True, positions=pos_t, need_weights=True)
+            y1 = layer.leave(y, a, layer.self_attn_norm)
+            h = layer.enter(y1, layer.cross_attn_norm)
+            w_cross = layer.cross_attn(h, memory, need_weights=True)[1]
+            dec_w.append((w_self, w_cross))
+            y = layer(y, memory, positions=pos_t)
     for got, want in zip(stacks["encoder"], enc_w, strict=True):
         torch.testing.assert_close(got, want)
     for i, (self_w, cross_w) in enumerate(dec_w):

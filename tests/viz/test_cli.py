@@ -1,4 +1,4 @@
-"""``attnlab viz ...`` via :func:`add_viz_subparser`: files written, status 2 on bad input."""
+"""``attnlab viz ...``: files written, status 2 on bad input."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from attnlab import BERT, EncoderDecoderTransformer
-from attnlab.viz.cli import add_viz_subparser, main
+from attnlab.cli import main as cli_main
+from attnlab.cli.viz import add_parser as add_viz_subparser
+
+
+def main(argv: list[str]) -> int:
+    return cli_main(["viz", *argv])
+
 
 pytestmark = pytest.mark.usefixtures("mpl")
 
@@ -30,7 +36,7 @@ def test_wiring_sets_func() -> None:
         "bench f.json",
     ):
         args = parser.parse_args(["viz", *command.split()])
-        assert callable(args.func) and args.func.__name__.startswith("run_viz_")
+        assert callable(args.func) and args.viz_command == command.split()[0]
     with pytest.raises(SystemExit):
         parser.parse_args(["viz"])  # a sub-command is required
 

@@ -22,6 +22,6 @@ def test_plots_without_matplotlib_raise_a_clear_error(monkeypatch: pytest.Monkey
 
 
 def test_importing_viz_does_not_import_matplotlib() -> None:
-    code = "import sys, attnlab.viz, attnlab.viz.cli; print('matplotlib' in sys.modules)"
+    code = "import sys, attnlab.viz, attnlab.cli.viz; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

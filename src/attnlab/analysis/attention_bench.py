@@ -29,7 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -309,66 +309,15 @@ def describe_machine(meta: dict[str, Any], threads: int | None = None) -> str:
     )
 
 
-def run_benchmark(
-    config: BenchConfig, progress: Callable[[CaseResult], None] | None = None
-) -> dict[str, Any]:
-    """Run every case (shortest first) and return ``{"meta", "config", "cases", "analysis"}``."""
-    from attnlab.analysis.attention_bench_report import analyse
-
-    cases = []
-    for mode in config.modes:
-        for n in sorted(config.seq_lens):
-            for backend in config.backends:
-                res = run_case(config, backend, n, mode)
-                cases.append(res)
-                if progress is not None:
-                    progress(res)
-    return {
-        "meta": machine_info(),
-        "config": asdict(config),
-        "cases": [asdict(c) for c in cases],
-        "analysis": analyse(cases, config),  # exponents, crossovers, largest n
-    }
-
-
-def add_bench_subparser(subparsers: Any) -> Any:
-    """Add ``bench attention`` to an argparse subparsers object; returns the ``bench`` parser.
-
-    The ``attention`` parser sets ``func=run_bench``.
-    """
-    from attnlab.analysis.attention_bench_report import add_attention_arguments
-
-    bench = subparsers.add_parser("bench", help="benchmarks")
-    targets = bench.add_subparsers(dest="bench_target", required=True)
-    attention = targets.add_parser(
-        "attention",
-        help="time and peak memory of each attention backend vs sequence length",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
-    )
-    add_attention_arguments(attention)
-    attention.set_defaults(func=run_bench)
-    return bench
-
-
-def run_bench(args: Any) -> int:
-    """Run ``bench attention`` from parsed arguments; prints tables, writes JSON/Markdown/plot."""
-    from attnlab.analysis.attention_bench_report import run_from_args
-
-    return run_from_args(args)
-
-
 __all__ = [
     "DEFAULT_BACKENDS",
     "DEFAULT_SEQ_LENS",
     "BenchConfig",
     "CaseResult",
-    "add_bench_subparser",
     "estimate_peak_bytes",
     "machine_info",
     "measure_case",
     "parse_seq_lens",
-    "run_bench",
-    "run_benchmark",
     "run_case",
 ]
 

@@ -10,9 +10,9 @@ larger, exits with status 2 and a message naming both figures; ``--ignore-memory
   (:func:`~attnlab.analysis.memory.training_memory`).
 - Generation (:func:`estimate_generation`): the weights, a KV cache of ``prompt + new`` positions
   for every sequence (beams included), the prefill's transient tensors (the logits of every
-  prompt position and one layer's attention scores and probabilities) and, for fp32 on the CPU,
-  the reordered weight copies that decoding keeps (:func:`attnlab.generation.layout.copy_numel`,
-  counted on a ``meta``-device model).
+  prompt position and one layer's attention scores and probabilities) and the weight copies
+  that decoding keeps when the caller counts them (fp32 on the CPU:
+  :func:`attnlab.transforms.decode_weights.copy_numel`).
 
 The estimates are lower bounds (the allocator, the framework and the data add their own), so a
 run that passes can still come close to the limit; one that fails cannot fit.
@@ -100,11 +100,12 @@ def estimate_generation(
     max_new_tokens: int,
     num_beams: int = 1,
     dtype: str = "float32",
-    cpu: bool = True,
+    decode_copy_numel: int = 0,
 ) -> MemoryEstimate | None:
     """Memory of generating ``max_new_tokens`` after ``batch`` prompts of ``prompt_len`` tokens
-    (``num_beams`` sequences each); ``None`` for a config that does not generate. ``cpu``: the
-    model runs on the CPU (fp32 decoding there keeps reordered weight copies).
+    (``num_beams`` sequences each); ``None`` for a config that does not generate.
+    ``decode_copy_numel``: elements of the weight copies decoding keeps (fp32 on the CPU; see
+    :func:`attnlab.transforms.decode_weights.copy_numel`), counted as ``decode_copies``.
 
     Raises:
         ValueError: for non-positive sizes or an unknown ``dtype``.
@@ -130,22 +131,9 @@ def estimate_generation(
         f"of {prompt_len} + {max_new_tokens} tokens)"
     )
     parts = {"weights": count_params(config) * a, "kv_cache": kv, "prefill": logits + scores}
-    if cpu and dtype == "float32":
-        parts["decode_copies"] = _decode_copy_numel(config) * FP32
+    if decode_copy_numel:
+        parts["decode_copies"] = decode_copy_numel * a
     return MemoryEstimate(what, parts)
-
-
-def _decode_copy_numel(config: GPTConfig | TransformerConfig) -> int:
-    """Elements of the decoding copies of a model built from ``config`` (on ``meta``: free)."""
-    import torch
-
-    from attnlab.generation.layout import copy_numel
-    from attnlab.models.gpt import GPT
-    from attnlab.models.transformer import EncoderDecoderTransformer
-
-    with torch.device("meta"):
-        model = GPT(config) if isinstance(config, GPTConfig) else EncoderDecoderTransformer(config)
-    return copy_numel(model)
 
 
 def _read_int(file: Path) -> int | None:

@@ -5,7 +5,8 @@
   ``torch.Generator``), EOS ids, batched prompts of different lengths (left padding);
 - :func:`beam_search`: §6.1's beam search with GNMT's length penalty, batched, with
   ``num_return_sequences``;
-- :func:`greedy_decode`: the simple greedy decoder of the encoder-decoder model.
+- :class:`GenerationConfig`: every option of a call, validated once (also passed as keyword
+  arguments); the ``context`` policy for sequences longer than the model's context.
 """
 
 from attnlab.generation.beam import (
@@ -15,8 +16,8 @@ from attnlab.generation.beam import (
     gnmt_length_penalty,
     power_length_penalty,
 )
+from attnlab.generation.config import ContextLengthError, GenerationConfig
 from attnlab.generation.generate import StepOutput, generate, stream
-from attnlab.generation.greedy import greedy_decode
 from attnlab.generation.processors import (
     LOGITS_PROCESSORS,
     LogitsProcessor,
@@ -33,6 +34,8 @@ __all__ = [
     "LENGTH_NORMS",
     "LOGITS_PROCESSORS",
     "BeamSearchOutput",
+    "ContextLengthError",
+    "GenerationConfig",
     "LogitsProcessor",
     "LogitsProcessorList",
     "MinP",
@@ -45,7 +48,6 @@ __all__ = [
     "build_processors",
     "generate",
     "gnmt_length_penalty",
-    "greedy_decode",
     "pack_prompts",
     "power_length_penalty",
     "stream",

@@ -25,14 +25,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from attnlab.generation.config import LENGTH_NORM_NAMES, GenerationConfig, resolve_config
 from attnlab.generation.processors import LogitsProcessor, LogitsProcessorList
 from attnlab.generation.prompts import PromptInput
 from attnlab.generation.request import (
-    EosIds,
     eval_mode,
     open_session,
     prepare_request,
@@ -56,6 +57,8 @@ def power_length_penalty(length: Tensor, alpha: float) -> Tensor:
 LENGTH_NORMS: Registry[LengthNorm] = Registry("length penalty")
 LENGTH_NORMS.add("gnmt", gnmt_length_penalty)
 LENGTH_NORMS.add("power", power_length_penalty)
+if set(LENGTH_NORMS) != set(LENGTH_NORM_NAMES):  # GenerationConfig validates against these
+    raise RuntimeError("LENGTH_NORM_NAMES and LENGTH_NORMS disagree")
 
 
 @dataclass(frozen=True)
@@ -78,59 +81,41 @@ class BeamSearchOutput:
 def beam_search(
     model: nn.Module,
     input_ids: PromptInput,
+    config: GenerationConfig | None = None,
     *,
-    max_new_tokens: int,
-    num_beams: int = 4,
-    length_penalty: float = 0.6,
-    length_norm: str | LengthNorm = "gnmt",
-    num_return_sequences: int = 1,
     attention_mask: Tensor | None = None,
-    eos_id: EosIds = None,
-    pad_id: int | None = None,
     processors: Iterable[LogitsProcessor] = (),
-    use_cache: bool = True,
-    truncate: bool = False,
+    **options: Any,
 ) -> BeamSearchOutput:
     """Beam search for a GPT or an encoder-decoder model (see the module docstring).
 
-    Args:
-        num_beams: K >= 1 (the paper: 4). length_penalty: α (the paper: 0.6).
-        length_norm: ``"gnmt"``, ``"power"`` or a callable ``(lengths, α) -> lp`` (increasing
-            or decreasing in length). num_return_sequences: R, ``1 <= R <= K``.
-        processors: applied to the log-probabilities ``(B·K, V)`` before scoring.
-        Other arguments as :func:`~attnlab.generation.generate.generate`.
+    Takes the :class:`~attnlab.generation.GenerationConfig` of
+    :func:`~attnlab.generation.generate` (``num_beams`` K, default 4 here; ``length_penalty``
+    α; ``length_norm``; ``num_return_sequences`` R with ``1 <= R <= K``); ``processors`` are
+    applied to the log-probabilities ``(B·K, V)`` before scoring.
 
     Raises:
-        ValueError: for ``num_beams < 1``, R outside ``[1, K]``, an unknown ``length_norm``,
-            and the input errors of :func:`~attnlab.generation.generate.generate`.
+        ValueError: for R outside ``[1, K]``, sampling options, and the input errors of
+            :func:`~attnlab.generation.generate`.
     """
-    if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
-        raise ValueError(f"num_beams must be a positive integer, got {num_beams!r}")
-    if not 1 <= num_return_sequences <= num_beams:
-        raise ValueError(
-            f"num_return_sequences must be in [1, num_beams={num_beams}], "
-            f"got {num_return_sequences}"
-        )
-    lp_fn = LENGTH_NORMS.get(length_norm) if isinstance(length_norm, str) else length_norm
-    request = prepare_request(
-        model,
-        input_ids,
-        max_new_tokens=max_new_tokens,
-        attention_mask=attention_mask,
-        eos_id=eos_id,
-        pad_id=pad_id,
-        truncate=truncate,
-    )
+    if config is None and "num_beams" not in options:
+        options = {"num_beams": 4, **options}
+    cfg = resolve_config(config, options)
+    if cfg.do_sample:
+        raise ValueError("beam search is deterministic: do_sample=True needs num_beams=1")
+    lp_fn = LENGTH_NORMS.get(cfg.length_norm)
+    request = prepare_request(model, input_ids, cfg, attention_mask=attention_mask)
+    num_beams, alpha = cfg.num_beams, cfg.length_penalty
     chain = LogitsProcessorList(processors)
     with eval_mode(request.model), torch.inference_mode():
-        session = open_session(request, use_cache=use_cache)
+        session = open_session(request, use_cache=cfg.use_cache)
         search = _BeamState(
             batch=request.prompts.batch_size,
             beams=num_beams,
             max_new_tokens=request.max_new_tokens,
             eos=request.eos,
             pad_id=request.pad_id,
-            penalty=lambda n: lp_fn(n, length_penalty),
+            penalty=lambda n: lp_fn(n, alpha),
         )
         logits = session.prefill()  # (B, V)
         expand = repeat_index(search.B, num_beams, logits.device)
@@ -143,7 +128,7 @@ def beam_search(
                 break
             session.select(origin, same_source=True)
             logits = session.step(tokens)
-        return search.result(num_return_sequences)
+        return search.result(cfg.num_return_sequences)
 
 
 class _BeamState:

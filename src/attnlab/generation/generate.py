@@ -28,12 +28,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.generation.beam import LengthNorm, beam_search
-from attnlab.generation.layout import decode_layout
+from attnlab.generation.beam import beam_search
+from attnlab.generation.config import GenerationConfig, resolve_config
 from attnlab.generation.processors import LogitsProcessor, build_processors, select_tokens
 from attnlab.generation.prompts import PromptInput
 from attnlab.generation.request import (
-    EosIds,
     GenerationRequest,
     eval_mode,
     open_session,
@@ -42,6 +41,7 @@ from attnlab.generation.request import (
 )
 from attnlab.models.gpt import GPT
 from attnlab.models.transformer import EncoderDecoderTransformer
+from attnlab.transforms.decode_weights import decode_layout
 
 
 @dataclass(frozen=True)
@@ -59,83 +59,38 @@ class StepOutput:
     finished: Tensor
 
 
-def _check_sampling(
-    do_sample: bool,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    min_p: float | None,
-    num_return_sequences: int,
-) -> None:
-    build_processors(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)  # validates
-    if not do_sample:
-        given = [
-            name
-            for name, value, default in (
-                ("temperature", temperature, 1.0),
-                ("top_k", top_k, None),
-                ("top_p", top_p, None),
-                ("min_p", min_p, None),
-            )
-            if value != default and not (name == "temperature" and value == 0)
-        ]
-        if given:
-            raise ValueError(f"{', '.join(given)} only apply when sampling: pass do_sample=True")
-        if num_return_sequences != 1:
-            raise ValueError(
-                "num_return_sequences > 1 needs do_sample=True or num_beams > 1 "
-                "(greedy decoding returns one sequence per prompt)"
-            )
-    if num_return_sequences < 1:
-        raise ValueError(f"num_return_sequences must be >= 1, got {num_return_sequences}")
-
-
 def stream(
     model: nn.Module,
     input_ids: PromptInput,
+    config: GenerationConfig | None = None,
     *,
-    max_new_tokens: int,
     attention_mask: Tensor | None = None,
-    do_sample: bool = False,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
     processors: Iterable[LogitsProcessor] = (),
     generator: torch.Generator | None = None,
-    eos_id: EosIds = None,
-    pad_id: int | None = None,
-    num_return_sequences: int = 1,
-    use_cache: bool = True,
-    truncate: bool = False,
+    **options: Any,
 ) -> Iterator[StepOutput]:
     """Greedy or sampled decoding, one :class:`StepOutput` per generated token.
 
     Arguments are checked at the call (not at the first ``next``); see :func:`generate` for
-    them. The model stays in eval mode until the iterator is exhausted or closed.
+    them (beam search does not stream). The model stays in eval mode until the iterator is
+    exhausted or closed.
 
     Raises:
-        ValueError: as :func:`generate`.
+        ValueError: as :func:`generate`, and for ``num_beams > 1``.
     """
-    _check_sampling(do_sample, temperature, top_k, top_p, min_p, num_return_sequences)
-    request = prepare_request(
-        model,
-        input_ids,
-        max_new_tokens=max_new_tokens,
-        attention_mask=attention_mask,
-        eos_id=eos_id,
-        pad_id=pad_id,
-        truncate=truncate,
-    )
-    sample = do_sample and temperature > 0
+    cfg = resolve_config(config, options)
+    if cfg.num_beams > 1:
+        raise ValueError("beam search does not stream: use generate() or beam_search()")
+    request = prepare_request(model, input_ids, cfg, attention_mask=attention_mask)
+    sample = cfg.sampling
     chain = build_processors(
-        temperature=temperature if sample else 1.0,
-        top_k=top_k if sample else None,
-        top_p=top_p if sample else None,
-        min_p=min_p if sample else None,
+        temperature=cfg.temperature if sample else 1.0,
+        top_k=cfg.top_k if sample else None,
+        top_p=cfg.top_p if sample else None,
+        min_p=cfg.min_p if sample else None,
         extra=processors,
     )
-    return _steps(request, chain, sample, generator, num_return_sequences, use_cache)
+    return _steps(request, chain, sample, generator, cfg.num_return_sequences, cfg.use_cache)
 
 
 def _steps(
@@ -175,24 +130,12 @@ def _steps(
 def generate(
     model: nn.Module,
     input_ids: PromptInput,
+    config: GenerationConfig | None = None,
     *,
-    max_new_tokens: int,
     attention_mask: Tensor | None = None,
-    do_sample: bool = False,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
     processors: Iterable[LogitsProcessor] = (),
     generator: torch.Generator | None = None,
-    eos_id: EosIds = None,
-    pad_id: int | None = None,
-    num_beams: int = 1,
-    length_penalty: float = 0.6,
-    length_norm: str | LengthNorm = "gnmt",
-    num_return_sequences: int = 1,
-    use_cache: bool = True,
-    truncate: bool = False,
+    **options: Any,
 ) -> Tensor:
     """Generate up to ``max_new_tokens`` tokens after each prompt (or for each source).
 
@@ -202,73 +145,37 @@ def generate(
             starts from ``config.bos_id``).
         input_ids: ``(B, T)`` or ``(T,)`` token ids, or a list of prompts of different lengths
             (1-D tensors or int lists), which are padded for you.
-        max_new_tokens: the most tokens generated per row (EOS included).
+        config: a :class:`~attnlab.generation.GenerationConfig` (default: its defaults).
         attention_mask: ``(B, T)``, 1/True for real tokens of a tensor ``input_ids`` (any
             padding layout; default: all real for GPT, ``ids != pad_id`` for sources).
-        do_sample: sample from ``softmax(logits / temperature)`` after the filters; ``False``
-            is greedy (the filters and ``temperature`` are then rejected).
-        temperature: ``> 0``; ``0`` means greedy even when sampling.
-        top_k, top_p, min_p: sampling filters (``top_p`` in ``(0, 1]``, ``min_p`` in ``[0, 1]``).
         processors: extra logits processors, applied after the built-in ones (also greedy).
         generator: a seeded ``torch.Generator`` for reproducible sampling.
-        eos_id: stop id(s); default ``config.eos_id``; ``()`` never stops early.
-        pad_id: written after a row's EOS; default ``config.pad_id``, else the first EOS, else 0.
-        num_beams: ``> 1`` runs beam search (:func:`~attnlab.generation.beam.beam_search`,
-            with ``length_penalty`` α and ``length_norm``; see there).
-        num_return_sequences: R sequences per prompt (samples, or the best R beams); rows
-            ``b·R .. b·R + R - 1`` belong to prompt ``b``.
-        use_cache: ``False`` recomputes the whole prefix at every step (slow; a reference).
-        truncate: lower ``max_new_tokens`` to fit the context instead of raising.
+        options: :class:`~attnlab.generation.GenerationConfig` fields overriding ``config``
+            (``max_new_tokens``, ``do_sample``, ``temperature``, ``top_k``, ``top_p``,
+            ``min_p``, ``num_beams``, ``length_penalty``, ``length_norm``,
+            ``num_return_sequences``, ``eos_id``, ``pad_id``, ``use_cache``, ``context``).
 
     Shapes:
         returns ``(B·R, N)`` int64: the new tokens only (no prompt), ``N <= max_new_tokens``,
-        padded with ``pad_id`` after each row's EOS.
+        padded with ``pad_id`` after each row's EOS; rows ``b·R .. b·R + R - 1`` belong to
+        prompt ``b``.
 
     Raises:
-        TypeError: for a model that cannot generate.
-        ValueError: for empty prompts, ids outside the vocabulary, a prompt longer than the
-            context or ``max_new_tokens`` overflowing it (unless ``truncate``), ``num_beams < 1``,
-            ``top_p`` outside ``(0, 1]``, and other bad arguments.
+        TypeError: for a model that cannot generate, or an option of the wrong type.
+        ValueError: for empty prompts, ids outside the vocabulary, an unknown option, and the
+            option errors of :class:`~attnlab.generation.GenerationConfig`.
+        ContextLengthError: (a ``ValueError``) when the prompt or the new tokens do not fit
+            the context under the ``context`` policy.
     """
-    if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
-        raise ValueError(f"num_beams must be a positive integer, got {num_beams!r}")
-    if num_beams > 1:
-        if do_sample:
-            raise ValueError("beam search is deterministic: do_sample=True needs num_beams=1")
-        _check_sampling(False, temperature, top_k, top_p, min_p, 1)
+    cfg = resolve_config(config, options)
+    if cfg.num_beams > 1:
         return beam_search(
-            model,
-            input_ids,
-            max_new_tokens=max_new_tokens,
-            num_beams=num_beams,
-            length_penalty=length_penalty,
-            length_norm=length_norm,
-            num_return_sequences=num_return_sequences,
-            attention_mask=attention_mask,
-            eos_id=eos_id,
-            pad_id=pad_id,
-            processors=processors,
-            use_cache=use_cache,
-            truncate=truncate,
+            model, input_ids, cfg, attention_mask=attention_mask, processors=processors
         ).sequences
     steps = stream(
-        model,
-        input_ids,
-        max_new_tokens=max_new_tokens,
-        attention_mask=attention_mask,
-        do_sample=do_sample,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        processors=processors,
+        model, input_ids, cfg, attention_mask=attention_mask, processors=processors,
         generator=generator,
-        eos_id=eos_id,
-        pad_id=pad_id,
-        num_return_sequences=num_return_sequences,
-        use_cache=use_cache,
-        truncate=truncate,
-    )
+    )  # fmt: skip
     return torch.stack([step.tokens for step in steps], dim=1)  # (B·R, N)
 
 

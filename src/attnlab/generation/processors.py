@@ -19,6 +19,7 @@ Shapes: B batch rows, V vocabulary.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
@@ -42,18 +43,24 @@ def _check_logits(logits: Tensor) -> None:
 class Temperature:
     """Divide the logits by ``temperature`` > 0 (``0`` means greedy: see :func:`select_tokens`).
 
+    Each row's maximum is subtracted first (softmax does not change): the result is ``<= 0``
+    with a 0 at the arg-max, so even a tiny temperature (1e-45) gives ``-inf`` elsewhere and a
+    valid distribution (the greedy one), never ``inf - inf = nan``.
+
     Raises:
-        ValueError: if ``temperature`` is not positive.
+        ValueError: if ``temperature`` is not a positive finite number.
     """
 
     def __init__(self, temperature: float) -> None:
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0 here, got {temperature}")
+        if not (temperature > 0 and math.isfinite(temperature)):
+            raise ValueError(f"temperature must be a finite number > 0 here, got {temperature}")
         self.temperature = float(temperature)
 
     def __call__(self, logits: Tensor) -> Tensor:
         _check_logits(logits)
-        return logits / self.temperature
+        top = logits.amax(dim=-1, keepdim=True)  # (B, 1)
+        shifted = torch.where(torch.isfinite(top), logits - top, logits)  # a row of -inf stays
+        return shifted / self.temperature
 
     def __repr__(self) -> str:
         return f"Temperature({self.temperature})"

@@ -5,11 +5,11 @@ from the config, and checks the context length; :func:`open_session` builds the 
 :mod:`~attnlab.generation.session`; :func:`eval_mode` runs the model in eval mode and restores
 its previous mode.
 
-Context length: ``config.max_seq_len``. A decoder-only prompt plus its new tokens must fit in it
-(``P + max_new_tokens <= max_seq_len``); for an encoder-decoder model the source and the new
-tokens must each fit. Otherwise a ``ValueError`` says by how much, unless ``truncate=True``,
-which lowers ``max_new_tokens`` to what fits (a prompt that alone fills the context is always an
-error).
+Context length: ``config.max_seq_len``. A decoder-only prompt plus its new tokens fit when
+``P + max_new_tokens <= max_seq_len``; for an encoder-decoder model the source and the new tokens
+must each fit. What happens otherwise is the generation config's ``context`` policy
+(:mod:`attnlab.generation.config`): slide a window (decoder-only), lower ``max_new_tokens``, or
+raise :class:`~attnlab.generation.config.ContextLengthError` saying by how much.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from attnlab.generation.config import ContextLengthError, GenerationConfig
 from attnlab.generation.prompts import PromptInput, Prompts, pack_prompts
 from attnlab.generation.session import DecoderOnlySession, EncoderDecoderSession, Session
 from attnlab.models.gpt import GPT
 from attnlab.models.transformer import EncoderDecoderTransformer
 
 GenerativeModel = GPT | EncoderDecoderTransformer
-EosIds = int | Sequence[int] | None
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ class GenerationRequest:
         model: the model. prompts: packed prompts (left-padded) or sources (right-padded).
         max_new_tokens: after any truncation. eos: ``(n_eos,)`` int64 stop ids (may be empty).
         pad_id: written after a row's EOS. vocab_size: of the output distribution.
+        window: decoder-only, ``context="slide"``: the model's context, when the prompt and the
+            new tokens exceed it (``None``: everything fits).
     """
 
     model: GenerativeModel
@@ -46,6 +48,7 @@ class GenerationRequest:
     eos: Tensor
     pad_id: int
     vocab_size: int
+    window: int | None = None
 
     @property
     def is_encoder_decoder(self) -> bool:
@@ -57,7 +60,7 @@ def _model_device(model: nn.Module) -> torch.device:
     return param.device if param is not None else torch.device("cpu")
 
 
-def resolve_eos(model: GenerativeModel, eos_id: EosIds) -> list[int]:
+def resolve_eos(model: GenerativeModel, eos_id: int | Sequence[int] | None) -> list[int]:
     """``eos_id`` as a list: ``None`` -> the config's ``eos_id`` (none if unset); an empty
     sequence disables stopping."""
     if eos_id is None:
@@ -71,29 +74,22 @@ def resolve_eos(model: GenerativeModel, eos_id: EosIds) -> list[int]:
 def prepare_request(
     model: nn.Module,
     input_ids: PromptInput,
+    config: GenerationConfig,
     *,
-    max_new_tokens: int,
     attention_mask: Tensor | None = None,
-    eos_id: EosIds = None,
-    pad_id: int | None = None,
-    truncate: bool = False,
 ) -> GenerationRequest:
     """Validate a generation call and pack its prompts.
 
     Raises:
         TypeError: for a model that is neither a :class:`GPT` nor an
             :class:`EncoderDecoderTransformer`.
-        ValueError: for ``max_new_tokens < 1``, empty prompts, ids outside the vocabulary,
-            EOS/pad ids outside it, or prompts/new tokens that do not fit the context.
+        ValueError: for empty prompts, ids outside the vocabulary, EOS/pad ids outside it.
+        ContextLengthError: for prompts/new tokens that the context policy cannot fit.
     """
     if not isinstance(model, (GPT, EncoderDecoderTransformer)):
         raise TypeError(
             f"generation needs a GPT or an EncoderDecoderTransformer, got {type(model).__name__}"
         )
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-        raise ValueError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     cfg = model.config
     enc_dec = isinstance(model, EncoderDecoderTransformer)
     vocab = (
@@ -101,10 +97,11 @@ def prepare_request(
         if isinstance(model, EncoderDecoderTransformer)
         else (model.config.vocab_size)
     )
-    eos = resolve_eos(model, eos_id)
+    eos = resolve_eos(model, config.eos_ids)
     for e in eos:
         if not 0 <= e < vocab:
             raise ValueError(f"eos id {e} is outside the vocabulary [0, {vocab})")
+    pad_id = config.pad_id
     if pad_id is None:
         pad_id = cfg.pad_id if cfg.pad_id is not None else (eos[0] if eos else 0)
     if not 0 <= pad_id < vocab:
@@ -126,31 +123,50 @@ def prepare_request(
         side="right" if enc_dec else "left",
         device=_model_device(model),
     )
-    context = cfg.max_seq_len
-    width = prompts.width
-    what = "source" if enc_dec else "prompt"
-    if width > (context if enc_dec else context - 1):
-        raise ValueError(
-            f"{what} of {width} tokens does not leave room in the model's context "
-            f"(max_seq_len={context})"
-        )
-    room = context if enc_dec else context - width
-    if max_new_tokens > room:
-        if not truncate:
-            total = f"{max_new_tokens} new" if enc_dec else f"{width} + {max_new_tokens}"
-            raise ValueError(
-                f"{total} tokens exceed the model's context (max_seq_len={context}); "
-                f"use max_new_tokens <= {room} or truncate=True"
-            )
-        max_new_tokens = room
+    max_new, window = _fit_context(prompts.width, config, cfg.max_seq_len, enc_dec)
     return GenerationRequest(
         model=model,
         prompts=prompts,
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=max_new,
         eos=torch.tensor(eos, dtype=torch.long, device=prompts.ids.device),
         pad_id=pad_id,
         vocab_size=vocab,
+        window=window,
     )
+
+
+def _fit_context(
+    width: int, config: GenerationConfig, context: int, enc_dec: bool
+) -> tuple[int, int | None]:
+    """``(max_new_tokens, window)`` under ``config.context`` for a prompt of ``width`` tokens.
+
+    Raises:
+        ContextLengthError: when the policy cannot fit the prompt or the new tokens.
+    """
+    n, policy = config.max_new_tokens, config.context
+    if not enc_dec and policy == "slide":
+        return n, (context if width + n > context else None)
+    limit = context if enc_dec else context - 1  # a decoder-only prompt needs room for 1 token
+    what = "source" if enc_dec else "prompt"
+    if width > limit:
+        hint = "" if enc_dec else "; context='slide' crops it to the last max_seq_len tokens"
+        raise ContextLengthError(
+            f"{what} of {width} tokens does not leave room in the model's context "
+            f"(max_seq_len={context}){hint}",
+            context=context, prompt=width, room=0,
+        )  # fmt: skip
+    room = context if enc_dec else context - width
+    if n <= room:
+        return n, None
+    if policy == "error":
+        total = f"{n} new" if enc_dec else f"{width} + {n}"
+        raise ContextLengthError(
+            f"{total} tokens exceed the model's context (max_seq_len={context}); use "
+            f"max_new_tokens <= {room}, context='truncate'"
+            + ("" if enc_dec else " or context='slide'"),
+            context=context, prompt=width, room=room,
+        )  # fmt: skip
+    return room, None  # truncate (and an encoder-decoder's "slide")
 
 
 def open_session(request: GenerationRequest, *, use_cache: bool = True) -> Session:
@@ -158,7 +174,9 @@ def open_session(request: GenerationRequest, *, use_cache: bool = True) -> Sessi
     model = request.model
     if isinstance(model, EncoderDecoderTransformer):
         return EncoderDecoderSession(model, request.prompts, request.max_new_tokens, use_cache)
-    return DecoderOnlySession(model, request.prompts, request.max_new_tokens, use_cache)
+    return DecoderOnlySession(
+        model, request.prompts, request.max_new_tokens, use_cache, window=request.window
+    )
 
 
 @contextmanager
@@ -178,7 +196,6 @@ def repeat_index(batch: int, n: int, device: torch.device) -> Tensor:
 
 
 __all__ = [
-    "EosIds",
     "GenerationRequest",
     "GenerativeModel",
     "eval_mode",

@@ -12,7 +12,10 @@ are written once:
   cross-attention keys/values of the memory.
 
 With ``use_cache=False`` every step recomputes the whole prefix without a cache (the reference
-that cached decoding must equal, and the benchmark's baseline).
+that cached decoding must equal, and the benchmark's baseline). A decoder-only session with a
+``window`` (the ``context="slide"`` policy) conditions each token on at most the last
+``window`` tokens, as nanoGPT does: while everything fits it decodes with the cache; once the
+sequence is longer, each step recomputes the window (positions counted from its first token).
 
 ``select(index)`` keeps/reorders/repeats batch rows (beam search, several samples per prompt).
 
@@ -56,15 +59,27 @@ class DecoderOnlySession:
         prompts: left-padded prompts (:func:`~attnlab.generation.prompts.pack_prompts`).
         max_new_tokens: N; the cache holds ``P + N`` positions.
         use_cache: ``False`` recomputes the whole prefix at every step.
+        window: the most tokens a step may see (``None``: all of them).
     """
 
-    def __init__(self, model: GPT, prompts: Prompts, max_new_tokens: int, use_cache: bool) -> None:
+    def __init__(
+        self,
+        model: GPT,
+        prompts: Prompts,
+        max_new_tokens: int,
+        use_cache: bool,
+        *,
+        window: int | None = None,
+    ) -> None:
         self.model = model
         B, P = prompts.ids.shape
         total = P + max_new_tokens
         device = prompts.ids.device
+        self.window = window
         self.length = P  # columns filled so far (prompt + fed tokens)
-        self.cache: KVCache | None = model.new_cache(total) if use_cache else None
+        fits = window is None or window >= P
+        cache_len = total if window is None else min(total, window)
+        self.cache: KVCache | None = model.new_cache(cache_len) if use_cache and fits else None
         self.padded = prompts.mask is not None
         # Buffers over all columns; padding only ever sits in the prompt part.
         self.mask = torch.ones(B, total, dtype=torch.bool, device=device)  # (B, P + N)
@@ -83,6 +98,8 @@ class DecoderOnlySession:
     def _logits(self, start: int) -> Tensor:
         """Run columns ``start .. length`` (with the cache, or the whole prefix without)."""
         end = self.length
+        if self.window is not None and end > self.window:
+            return self._window_logits(end - self.window)
         h = self.model.hidden_states(
             self.ids[:, start:end],
             mask=self.mask[:, :end] if self.padded else None,
@@ -90,6 +107,17 @@ class DecoderOnlySession:
             cache=self.cache,
         )  # (B, end - start, E)
         return self.model.lm_head(h[:, -1])  # (B, V): only the last column is needed
+
+    def _window_logits(self, start: int) -> Tensor:
+        """Recompute columns ``start .. length`` alone (no cache), positions from 0."""
+        end = self.length
+        self.cache = None  # slid past: the cached keys' positions no longer apply
+        mask = self.mask[:, start:end]  # (B, W)
+        positions = (mask.long().cumsum(dim=1) - 1).clamp_min(0) if self.padded else None
+        h = self.model.hidden_states(
+            self.ids[:, start:end], mask=mask if self.padded else None, positions=positions
+        )  # (B, W, E)
+        return self.model.lm_head(h[:, -1])  # (B, V)
 
     def prefill(self) -> Tensor:
         return self._logits(0)

@@ -24,8 +24,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from attnlab.interop import hf_bert, hf_bloom, hf_gpt2, hf_llama, hf_marian, hf_vit
 from attnlab.interop.family import HFConfig, HFFamily, UnsupportedCheckpointError
+from attnlab.interop.hf_bert import FAMILY as BERT
+from attnlab.interop.hf_bloom import FAMILY as BLOOM
+from attnlab.interop.hf_gpt2 import FAMILY as GPT2
+from attnlab.interop.hf_llama import FAMILY as LLAMA
+from attnlab.interop.hf_marian import FAMILY as MARIAN
+from attnlab.interop.hf_vit import FAMILY as VIT
 from attnlab.interop.keymap import load_into
 from attnlab.io import read_json, write_files_together
 from attnlab.models import build_model
@@ -40,14 +45,7 @@ BIN_NAME = "pytorch_model.bin"
 BIN_INDEX = "pytorch_model.bin.index.json"
 
 HF_FAMILIES: Registry[HFFamily] = Registry("Hugging Face model_type")
-for _family in (
-    hf_bert.FAMILY,
-    hf_gpt2.FAMILY,
-    hf_llama.FAMILY,
-    hf_bloom.FAMILY,
-    hf_vit.FAMILY,
-    hf_marian.FAMILY,
-):
+for _family in (BERT, GPT2, LLAMA, BLOOM, VIT, MARIAN):
     for _model_type in _family.model_types:
         HF_FAMILIES.add(_model_type, _family)
 

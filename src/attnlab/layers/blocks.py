@@ -6,9 +6,14 @@ Each sublayer (attention or FFN) is wrapped in a residual connection with dropou
     pre-norm (GPT-2 on):    x = x + Dropout(Sublayer(Norm(x)))
 
 ``EncoderLayer``: self-attention + FFN. ``DecoderLayer``: masked self-attention + cross-attention
-to the encoder memory + FFN (``cross_attention=False`` gives the decoder-only GPT block).
-Module names follow ``torch.nn``'s order: ``self_attn``/``self_attn_norm``,
-``cross_attn``/``cross_attn_norm``, ``ffn``/``ffn_norm``.
+to the encoder memory + FFN (without ``cross_attn`` it is the decoder-only GPT block). A layer
+is assembled from its parts — the attention modules, the FFN and one norm per sublayer — which
+the model's builder makes from its config (:mod:`attnlab.models.common`); the layer itself only
+wires the residual connections. Module names follow ``torch.nn``'s order:
+``self_attn``/``self_attn_norm``, ``cross_attn``/``cross_attn_norm``, ``ffn``/``ffn_norm``.
+A layer returns its output only; attention weights are read from the attention modules
+(``MultiHeadAttention(need_weights=True)``, switched on from outside by forward hooks, as
+:mod:`attnlab.viz.capture` does).
 
 Shapes: B batch, T target length, S source length, E d_model, H heads.
 Masks: bool True = may attend, float additive, broadcastable to (B, H, T, S).
@@ -20,12 +25,8 @@ from typing import Literal
 
 from torch import Tensor, nn
 
-from attnlab.layers.attention_backends import AttentionBackend
-from attnlab.layers.feedforward import FeedForward
 from attnlab.layers.kv_cache import CrossKVCache, LayerKVCache
 from attnlab.layers.multihead import MultiHeadAttention
-from attnlab.layers.norm import build_norm
-from attnlab.layers.positional import PositionalEncoding
 
 NormPosition = Literal["pre", "post"]
 
@@ -54,48 +55,31 @@ class EncoderLayer(_ResidualBlock):
     """Self-attention + position-wise FFN, each in a residual sublayer.
 
     Args:
-        d_model, n_heads, d_ff: sizes. n_kv_heads: GQA kv heads (default n_heads).
-        dropout: residual dropout on each sublayer's output (§5.4). attn_dropout: dropout on
-            attention weights (default ``dropout``). ffn_dropout: dropout on the FFN's hidden
-            activations (default 0: the paper, GPT-2, BERT and ViT have none; ``torch.nn``'s
-            layers use ``dropout`` there).
-        activation: FFN activation. norm: ``"layernorm"``/``"rmsnorm"``. norm_eps: its epsilon.
-        norm_position: ``"post"`` (paper) or ``"pre"``. bias: biases in linears and LayerNorm.
-        backend: attention backend. rotary: RoPE module applied to q/k (or ``None``).
+        self_attn: the self-attention (its backend, heads, RoPE, attention dropout).
+        ffn: the position-wise feed-forward network ``(B, T, E) -> (B, T, E)``.
+        self_attn_norm, ffn_norm: the norm of each sublayer.
+        dropout: residual dropout on each sublayer's output (§5.4).
+        norm_position: ``"post"`` (the paper) or ``"pre"``.
+
+    Raises:
+        ValueError: for an unknown ``norm_position``.
     """
 
     def __init__(
         self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
+        self_attn: MultiHeadAttention,
+        ffn: nn.Module,
+        self_attn_norm: nn.Module,
+        ffn_norm: nn.Module,
         *,
-        n_kv_heads: int | None = None,
         dropout: float = 0.0,
-        attn_dropout: float | None = None,
-        ffn_dropout: float = 0.0,
-        activation: str = "relu",
-        norm: str = "layernorm",
-        norm_eps: float = 1e-5,
         norm_position: NormPosition = "post",
-        bias: bool = True,
-        backend: str | AttentionBackend = "sdpa",
-        rotary: PositionalEncoding | None = None,
     ) -> None:
         super().__init__(dropout, norm_position)
-        attn_p = dropout if attn_dropout is None else attn_dropout
-        self.self_attn = MultiHeadAttention(
-            d_model,
-            n_heads,
-            n_kv_heads=n_kv_heads,
-            dropout=attn_p,
-            bias=bias,
-            backend=backend,
-            rotary=rotary,
-        )
-        self.self_attn_norm = build_norm(norm, d_model, eps=norm_eps, bias=bias)
-        self.ffn = FeedForward(d_model, d_ff, activation=activation, dropout=ffn_dropout, bias=bias)
-        self.ffn_norm = build_norm(norm, d_model, eps=norm_eps, bias=bias)
+        self.self_attn = self_attn
+        self.self_attn_norm = self_attn_norm
+        self.ffn = ffn
+        self.ffn_norm = ffn_norm
 
     def forward(
         self,
@@ -105,70 +89,53 @@ class EncoderLayer(_ResidualBlock):
         is_causal: bool = False,
         positions: Tensor | None = None,
         cache: LayerKVCache | None = None,
-        need_weights: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
-        """x ``(B, T, E)`` -> ``((B, T, E), weights (B, H, T, S) or None)``."""
-        a, w = self.self_attn(
+    ) -> Tensor:
+        """x ``(B, T, E)`` -> ``(B, T, E)``; ``mask`` broadcastable to (B, H, T, S)."""
+        a, _ = self.self_attn(
             self.enter(x, self.self_attn_norm),
             mask=mask,
             is_causal=is_causal,
             positions=positions,
             cache=cache,
-            need_weights=need_weights,
         )
         x = self.leave(x, a, self.self_attn_norm)
-        x = self.leave(x, self.ffn(self.enter(x, self.ffn_norm)), self.ffn_norm)
-        return x, w
+        return self.leave(x, self.ffn(self.enter(x, self.ffn_norm)), self.ffn_norm)
 
 
 class DecoderLayer(_ResidualBlock):
     """Masked self-attention + cross-attention to ``memory`` + FFN (§3.1, "Decoder").
 
-    Same arguments as :class:`EncoderLayer`, plus ``cross_attention`` (``False`` drops the
-    encoder-decoder attention, giving the decoder-only block of GPT).
+    Args:
+        self_attn, ffn, self_attn_norm, ffn_norm, dropout, norm_position: as
+            :class:`EncoderLayer`.
+        cross_attn, cross_attn_norm: the encoder-decoder attention and its norm (both or
+            neither; neither gives the decoder-only block of GPT).
+
+    Raises:
+        ValueError: for an unknown ``norm_position``, or only one of the cross-attention parts.
     """
 
     def __init__(
         self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
+        self_attn: MultiHeadAttention,
+        ffn: nn.Module,
+        self_attn_norm: nn.Module,
+        ffn_norm: nn.Module,
         *,
-        cross_attention: bool = True,
-        n_kv_heads: int | None = None,
+        cross_attn: MultiHeadAttention | None = None,
+        cross_attn_norm: nn.Module | None = None,
         dropout: float = 0.0,
-        attn_dropout: float | None = None,
-        ffn_dropout: float = 0.0,
-        activation: str = "relu",
-        norm: str = "layernorm",
-        norm_eps: float = 1e-5,
         norm_position: NormPosition = "post",
-        bias: bool = True,
-        backend: str | AttentionBackend = "sdpa",
-        rotary: PositionalEncoding | None = None,
     ) -> None:
         super().__init__(dropout, norm_position)
-        attn_p = dropout if attn_dropout is None else attn_dropout
-
-        def mha(rot: PositionalEncoding | None) -> MultiHeadAttention:
-            return MultiHeadAttention(
-                d_model,
-                n_heads,
-                n_kv_heads=n_kv_heads,
-                dropout=attn_p,
-                bias=bias,
-                backend=backend,
-                rotary=rot,
-            )
-
-        self.self_attn = mha(rotary)
-        self.self_attn_norm = build_norm(norm, d_model, eps=norm_eps, bias=bias)
-        self.cross_attn = mha(None) if cross_attention else None
-        self.cross_attn_norm = (
-            build_norm(norm, d_model, eps=norm_eps, bias=bias) if cross_attention else None
-        )
-        self.ffn = FeedForward(d_model, d_ff, activation=activation, dropout=ffn_dropout, bias=bias)
-        self.ffn_norm = build_norm(norm, d_model, eps=norm_eps, bias=bias)
+        if (cross_attn is None) != (cross_attn_norm is None):
+            raise ValueError("pass both cross_attn and cross_attn_norm, or neither")
+        self.self_attn = self_attn
+        self.self_attn_norm = self_attn_norm
+        self.cross_attn = cross_attn
+        self.cross_attn_norm = cross_attn_norm
+        self.ffn = ffn
+        self.ffn_norm = ffn_norm
 
     def forward(
         self,
@@ -181,39 +148,36 @@ class DecoderLayer(_ResidualBlock):
         positions: Tensor | None = None,
         cache: LayerKVCache | None = None,
         cross_cache: CrossKVCache | None = None,
-        need_weights: bool = False,
-    ) -> tuple[Tensor, tuple[Tensor | None, Tensor | None]]:
+    ) -> Tensor:
         """Decode.
 
         Args:
-            x: target-side input. memory: encoder output (required with cross-attention).
+            x: target-side input. memory: encoder output (required with cross-attention, unless
+                ``cross_cache`` already holds its keys/values).
             mask: self-attention mask (padding, ALiBi bias); combined with ``is_causal``.
             memory_mask: cross-attention mask, e.g. source key padding ``(B, 1, 1, S)``.
+            cache: the self-attention's :class:`LayerKVCache`. cross_cache: the
+                cross-attention's :class:`CrossKVCache`.
 
         Shapes:
-            x ``(B, T, E)``, memory ``(B, S, E)`` -> ``(B, T, E)`` and the weights
-            ``(self (B, H, T, T'), cross (B, H, T, S))`` (each ``None`` unless ``need_weights``).
+            x ``(B, T, E)``, memory ``(B, S, E)`` -> ``(B, T, E)``.
+
+        Raises:
+            ValueError: without ``memory`` (or a filled ``cross_cache``) for a layer with
+                cross-attention.
         """
-        a, w_self = self.self_attn(
+        a, _ = self.self_attn(
             self.enter(x, self.self_attn_norm),
             mask=mask,
             is_causal=is_causal,
             positions=positions,
             cache=cache,
-            need_weights=need_weights,
         )
         x = self.leave(x, a, self.self_attn_norm)
-        w_cross: Tensor | None = None
         if self.cross_attn is not None and self.cross_attn_norm is not None:
             if memory is None and not (cross_cache is not None and cross_cache.is_set):
                 raise ValueError("this decoder layer has cross-attention: pass the encoder memory")
-            c, w_cross = self.cross_attn(
-                self.enter(x, self.cross_attn_norm),
-                memory,
-                mask=memory_mask,
-                cache=cross_cache,
-                need_weights=need_weights,
-            )
+            q = self.enter(x, self.cross_attn_norm)
+            c, _ = self.cross_attn(q, memory, mask=memory_mask, cross_cache=cross_cache)
             x = self.leave(x, c, self.cross_attn_norm)
-        x = self.leave(x, self.ffn(self.enter(x, self.ffn_norm)), self.ffn_norm)
-        return x, (w_self, w_cross)
+        return self.leave(x, self.ffn(self.enter(x, self.ffn_norm)), self.ffn_norm)

@@ -19,7 +19,6 @@ from collections.abc import Callable
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.layers.linear import Linear
 from attnlab.registry import Registry
 
 ACTIVATIONS: Registry[Callable[[Tensor], Tensor]] = Registry("activation")
@@ -68,9 +67,9 @@ class FeedForward(nn.Module):
             )
         self.activation = activation
         self.act = ACTIVATIONS.get(GATED.get(activation, activation))
-        self.up_proj = Linear(d_model, d_ff, bias=bias)
-        self.gate_proj = Linear(d_model, d_ff, bias=bias) if self.gated else None
-        self.down_proj = Linear(d_ff, d_model, bias=bias)
+        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=bias) if self.gated else None
+        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -7,11 +7,6 @@ The h per-head projections are one ``(E, H·D)`` linear each (``q_proj``, ``k_pr
 reshaped into heads; ``out_proj`` is W^O. With ``n_kv_heads < n_heads`` several query heads share
 one key/value head (GQA; ``n_kv_heads=1`` is multi-query attention).
 
-While decoding, :attr:`MultiHeadAttention.decode_qkv` may hold W^Q, W^K, W^V stacked in one
-reordered copy (:class:`~attnlab.layers.linear.DecodeWeight`, set by
-:func:`attnlab.generation.layout.decode_layout`): self-attention then projects with one product
-instead of three, on the faster kernel. Training never uses it.
-
 Shapes: B batch, T queries, S keys, E d_model, H heads, H_kv kv heads, D = E / H head dim.
 Masks: bool True = may attend, float additive, broadcastable to (B, H, T, S); a 2-D mask is
 ``(T, S)`` (shared by the batch), so per-sequence key padding must be passed as ``(B, 1, 1, S)``
@@ -22,13 +17,11 @@ from __future__ import annotations
 
 from typing import cast
 
-import torch
 from torch import Tensor, nn
 
 from attnlab.layers.attention import scaled_dot_product_attention
 from attnlab.layers.attention_backends import AttentionBackend, get_attention_backend
 from attnlab.layers.kv_cache import CrossKVCache, LayerKVCache, positions_for
-from attnlab.layers.linear import DecodeWeight, Linear
 from attnlab.layers.masks import combine_masks
 from attnlab.layers.positional import PositionalEncoding
 
@@ -76,25 +69,27 @@ class MultiHeadAttention(nn.Module):
             backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")
         )
         self.backend = get_attention_backend(backend)
-        self.q_proj = Linear(d_model, n_heads * self.d_head, bias=bias)
-        self.k_proj = Linear(d_model, n_kv_heads * self.d_head, bias=bias)
-        self.v_proj = Linear(d_model, n_kv_heads * self.d_head, bias=bias)
-        self.out_proj = Linear(n_heads * self.d_head, d_model, bias=bias)
+        self.q_proj = nn.Linear(d_model, n_heads * self.d_head, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.d_head, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.d_head, bias=bias)
+        self.out_proj = nn.Linear(n_heads * self.d_head, d_model, bias=bias)
         self.rotary = rotary
-        self.decode_qkv: DecodeWeight | None = None  # q/k/v stacked, only while decoding
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         B, L, _ = x.shape
         return x.view(B, L, n, self.d_head).transpose(1, 2)  # (B, n, L, D)
 
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The input projections of self-attention, x W^Q, x W^K, x W^V.
+
+        Shapes:
+            x ``(B, T, E)`` -> q ``(B, T, H·D)``, k and v ``(B, T, H_kv·D)``.
+        """
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
     def _self_projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q ``(B, H, T, D)``, k and v ``(B, H_kv, T, D)`` of self-attention."""
-        d = self.decode_qkv
-        if d is not None and not torch.is_grad_enabled() and d.is_current():
-            kv = self.n_kv_heads * self.d_head
-            q, k, v = d(x).split((self.d_model, kv, kv), dim=-1)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, T, H·D | H_kv·D)
+        q, k, v = self.project_qkv(x)  # (B, T, H·D | H_kv·D)
         return (
             self._heads(q, self.n_heads),
             self._heads(k, self.n_kv_heads),
@@ -102,10 +97,10 @@ class MultiHeadAttention(nn.Module):
         )
 
     def _cross_keys_values(
-        self, memory: Tensor | None, cache: LayerKVCache | CrossKVCache | None, B: int
+        self, memory: Tensor | None, cache: CrossKVCache | None, B: int
     ) -> tuple[Tensor, Tensor]:
         """k, v ``(B, H_kv, S, D)`` of the memory: from a filled cache, or projected (cached)."""
-        if isinstance(cache, CrossKVCache) and cache.is_set:
+        if cache is not None and cache.is_set:
             return cast(Tensor, cache.k), cast(Tensor, cache.v)
         if memory is None:
             raise ValueError("cross-attention needs memory (or a filled CrossKVCache)")
@@ -115,7 +110,7 @@ class MultiHeadAttention(nn.Module):
             )
         k = self._heads(self.k_proj(memory), self.n_kv_heads)  # (B, H_kv, S, D)
         v = self._heads(self.v_proj(memory), self.n_kv_heads)  # (B, H_kv, S, D)
-        if isinstance(cache, CrossKVCache):
+        if cache is not None:
             cache.set(k, v)
         return k, v
 
@@ -128,7 +123,8 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         need_weights: bool = False,
         positions: Tensor | None = None,
-        cache: LayerKVCache | CrossKVCache | None = None,
+        cache: LayerKVCache | None = None,
+        cross_cache: CrossKVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Self-attention (``memory=None``) or cross-attention to ``memory``.
 
@@ -140,7 +136,9 @@ class MultiHeadAttention(nn.Module):
                 backend's sparsity pattern; an error for linear attention).
             positions: absolute positions of x's tokens for RoPE, ``(T,)|(B, T)``; default
                 continues after what ``cache`` holds.
-            cache: a :class:`LayerKVCache` (self-attention) or :class:`CrossKVCache`.
+            cache: self-attention's :class:`LayerKVCache`, extended in place.
+            cross_cache: cross-attention's :class:`CrossKVCache` (filled by the first call,
+                then used instead of ``memory``).
 
         Shapes:
             x ``(B, T, E)``, memory ``(B, S, E)`` -> out ``(B, T, E)``, weights ``(B, H, T, S)``.
@@ -152,19 +150,21 @@ class MultiHeadAttention(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must be (B, T, {self.d_model}), got shape {tuple(x.shape)}")
         B, T, _ = x.shape
-        if memory is None and not isinstance(cache, CrossKVCache):
+        cross = memory is not None or cross_cache is not None
+        if cross and cache is not None:
+            raise ValueError("cross-attention takes cross_cache, not a self-attention cache")
+        if not cross:
             q, k, v = self._self_projections(x)  # (B, H, T, D), (B, H_kv, T, D) twice
             if self.rotary is not None:
                 if positions is None:
-                    self_cache = cache if isinstance(cache, LayerKVCache) else None
-                    positions = positions_for(T, self_cache, x.device)
+                    positions = positions_for(T, cache, x.device)
                 q = self.rotary.rotate(q, positions)
                 k = self.rotary.rotate(k, positions)
-            if isinstance(cache, LayerKVCache):
+            if cache is not None:
                 k, v = cache.update(k, v)  # (B, H_kv, S, D)
         else:
             q = self._heads(self.q_proj(x), self.n_heads)  # (B, H, T, D)
-            k, v = self._cross_keys_values(memory, cache, B)  # (B, H_kv, S, D) each
+            k, v = self._cross_keys_values(memory, cross_cache, B)  # (B, H_kv, S, D) each
         dropout_p = self.dropout if self.training else 0.0
         weights: Tensor | None = None
         if need_weights:

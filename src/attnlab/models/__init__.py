@@ -16,6 +16,7 @@ from torch import nn
 from attnlab.config import config_from_dict
 from attnlab.models import bert, gpt, transformer, vit
 from attnlab.models.bert import BERT, BERTConfig, BERTOutput, mask_tokens, mask_tokens_for
+from attnlab.models.cnn import CNNClassifier, CNNConfig
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.transformer import (
     Decoder,
@@ -31,6 +32,7 @@ MODEL_TYPES.add("transformer", (TransformerConfig, EncoderDecoderTransformer))
 MODEL_TYPES.add("gpt", (GPTConfig, GPT))
 MODEL_TYPES.add("bert", (BERTConfig, BERT))
 MODEL_TYPES.add("vit", (ViTConfig, ViT))
+MODEL_TYPES.add("cnn", (CNNConfig, CNNClassifier))
 
 PRESETS: dict[str, Any] = {**transformer.PRESETS}
 for _module in (gpt, bert, vit):
@@ -120,6 +122,8 @@ __all__ = [
     "PRESETS",
     "BERTConfig",
     "BERTOutput",
+    "CNNClassifier",
+    "CNNConfig",
     "Decoder",
     "Encoder",
     "EncoderDecoderTransformer",

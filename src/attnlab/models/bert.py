@@ -15,14 +15,13 @@ Deviations from the references: none in the architecture (no next-sentence head)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal, NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import check_positive
-from attnlab.layers.blocks import EncoderLayer
 from attnlab.layers.embedding import TokenEmbedding, tie_weights
 from attnlab.layers.feedforward import ACTIVATIONS, GATED
 from attnlab.layers.masks import as_attention_mask, combine_masks
@@ -31,11 +30,11 @@ from attnlab.layers.positional import (
     RotaryEmbedding,
     build_positional_encoding,
 )
-from attnlab.models.common import freeze_tuple, layer_kwargs, validate_stack_config
+from attnlab.models.common import StackConfig, check_token_ids, encoder_layer, final_norm
 
 
 @dataclass(frozen=True, kw_only=True)
-class BERTConfig:
+class BERTConfig(StackConfig):
     """Hyper-parameters of BERT (defaults: BERT-base, uncased WordPiece vocabulary)."""
 
     model_type: ClassVar[str] = "bert"
@@ -44,22 +43,13 @@ class BERTConfig:
     type_vocab_size: int = 2  # segments A/B
     d_model: int = 768
     n_heads: int = 12
-    n_kv_heads: int | None = None
     n_layers: int = 12
     d_ff: int = 3072
-    dropout: float = 0.1
-    attn_dropout: float | None = None  # None: same as dropout
     max_seq_len: int = 512
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_eps: float = 1e-12
-    norm_position: Literal["pre", "post"] = "post"
     activation: str = "gelu"  # exact (erf) GELU
     pos_encoding: str = "learned"
     rope_base: float = 10000.0
-    attn_backend: str = "sdpa"
-    attn_window: int | None = None  # keys per query of the "sliding_window" backend
-    attn_layer_backends: tuple[str, ...] | None = None  # per-layer override of attn_backend
-    bias: bool = True
     pooler: bool = True  # tanh(dense([CLS])) for sentence-level tasks
     mlm_head: bool = True  # transform + norm + tied decoder + bias
     tie_output: bool = True  # MLM decoder shares the token embedding
@@ -70,19 +60,10 @@ class BERTConfig:
     sep_id: int = 102
     mask_id: int = 103
 
-    def __post_init__(self) -> None:
-        freeze_tuple(self, "attn_layer_backends")
-        validate_stack_config(self)
+    def validate(self) -> None:
+        super().validate()
         check_positive(type_vocab_size=self.type_vocab_size)
-        for name in ("pad_id", "cls_id", "sep_id", "mask_id"):
-            tok = getattr(self, name)
-            if tok is not None and not 0 <= tok < self.vocab_size:
-                raise ValueError(f"{name}={tok} is outside the vocabulary [0, {self.vocab_size})")
-
-    @property
-    def d_head(self) -> int:
-        """Per-head dimension d_model / n_heads."""
-        return self.d_model // self.n_heads
+        check_token_ids(self, ("pad_id", "cls_id", "sep_id", "mask_id"), self.vocab_size)
 
     @property
     def special_ids(self) -> tuple[int, ...]:
@@ -136,22 +117,9 @@ class BERT(nn.Module):
         rotary = self.pos_encoding if isinstance(self.pos_encoding, RotaryEmbedding) else None
         self.embed_norm = build_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
         self.dropout = nn.Dropout(c.dropout)
-        self.layers = nn.ModuleList(
-            EncoderLayer(
-                c.d_model,
-                c.n_heads,
-                c.d_ff,
-                **layer_kwargs(c, i),
-                rotary=rotary,
-            )
-            for i in range(c.n_layers)
-        )
+        self.layers = nn.ModuleList(encoder_layer(c, i, rotary) for i in range(c.n_layers))
         # Pre-norm stacks need a closing norm; the post-norm layers end normalised already.
-        self.final_norm = (
-            build_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
-            if c.norm_position == "pre"
-            else None
-        )
+        self.final_norm = final_norm(c)
         self.pooler = nn.Linear(c.d_model, c.d_model) if c.pooler else None
         self.mlm = (
             MLMHead(
@@ -246,7 +214,7 @@ class BERT(nn.Module):
             self.pos_encoding.score_bias(pos, pos),
         )
         for layer in self.layers:
-            x, _ = layer(x, mask=attn_mask, positions=pos)
+            x = layer(x, mask=attn_mask, positions=pos)
         if self.final_norm is not None:
             x = self.final_norm(x)
         pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None  # (B, E)

@@ -1,123 +1,141 @@
-"""What every model config shares: validation of the common fields and the per-layer arguments.
+"""What every Transformer stack shares: :class:`StackConfig` and the builders of its layers.
 
-Each model file owns its config dataclass; the fields they have in common (``d_model, n_heads,
-n_kv_heads, n_layers, d_ff, dropout, attn_dropout, norm, norm_eps, norm_position, activation,
-attn_backend, attn_window, attn_layer_backends, bias``...) are validated here once, and
-:func:`layer_kwargs` turns them into the keyword arguments of ``EncoderLayer``/``DecoderLayer``
-(including the attention backend of each layer, with its window).
+:class:`StackConfig` holds the fields every family has (``d_model, n_heads, n_kv_heads, n_layers,
+d_ff, dropout, attn_dropout, norm, norm_eps, norm_position, final_norm, activation, attn_backend,
+attn_window, attn_layer_backends, bias``), validates them once (types from the annotations, see
+:mod:`attnlab.config`; then ranges and the registries' choices) and derives ``d_head`` and the
+final-norm rule. Each model file's config derives from it, changes defaults and adds its own
+fields; it is the only place a model reads its config.
+
+The builders turn a config into layers: :func:`attention` (the backend of each layer, with its
+window), :func:`feed_forward`, :func:`norm`, and the blocks :func:`encoder_layer` /
+:func:`decoder_layer`, which are assembled from those parts.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Literal
 
-from attnlab.config import check_choice, check_positive, check_probability
+from torch import nn
+
+from attnlab.config import Config, check_choice, check_positive, check_probability
 from attnlab.layers.attention_backends import (
     ATTENTION_BACKEND_FACTORIES,
     ATTENTION_BACKENDS,
     AttentionBackend,
     get_attention_backend,
 )
-from attnlab.layers.feedforward import activation_names
-from attnlab.layers.norm import NORMS
-from attnlab.layers.positional import POSITIONAL_ENCODINGS
+from attnlab.layers.blocks import DecoderLayer, EncoderLayer
+from attnlab.layers.feedforward import FeedForward, activation_names
+from attnlab.layers.multihead import MultiHeadAttention
+from attnlab.layers.norm import NORMS, build_norm
+from attnlab.layers.positional import POSITIONAL_ENCODINGS, PositionalEncoding
 
-_OPTIONAL_POSITIVE = ("max_seq_len", "rope_base", "init_std", "vocab_size")
-
-# Field types, checked first: a config from JSON may carry "64" or 2.5 where an int belongs.
-_INT_FIELDS = (
-    "vocab_size", "tgt_vocab_size", "type_vocab_size", "d_model", "n_heads", "n_kv_heads",
-    "n_layers", "n_decoder_layers", "d_ff", "max_seq_len", "attn_window", "image_size",
-    "patch_size", "in_channels", "n_classes", "ignore_index", "pad_id", "bos_id", "eos_id",
-    "cls_id", "sep_id", "mask_id",
-)  # fmt: skip
-_FLOAT_FIELDS = ("dropout", "attn_dropout", "norm_eps", "rope_base", "rope_factor", "init_std")
-_BOOL_FIELDS = (
-    "bias", "tie_output", "final_norm", "embed_norm", "pooler", "mlm_head", "scale_embeddings",
-    "share_embeddings", "output_bias",
-)  # fmt: skip
+_OPTIONAL_POSITIVE = ("vocab_size", "max_seq_len", "init_std")
 
 
-def check_field_types(c: Any) -> None:
-    """Raise ``TypeError`` for a field of the wrong type (``None`` is skipped).
+@dataclass(frozen=True, kw_only=True)
+class StackConfig(Config):
+    """The fields of every Transformer stack (defaults: the paper's base model, Table 3)."""
 
-    Integers must be ``int`` (not ``bool``, not ``2.0``), floats ``int`` or ``float``, flags
-    ``bool`` (a JSON ``"false"`` string would otherwise be true).
-    """
-    for names, ok, what in (
-        (_INT_FIELDS, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-        (
-            _FLOAT_FIELDS,
-            lambda v: isinstance(v, int | float) and not isinstance(v, bool),
-            "a number",
-        ),
-        (_BOOL_FIELDS, lambda v: isinstance(v, bool), "true or false"),
-    ):
-        for name in names:
-            value = getattr(c, name, None)
-            if value is not None and not ok(value):
-                raise TypeError(f"{name} must be {what}, got {value!r}")
+    d_model: int = 512
+    n_heads: int = 8
+    n_kv_heads: int | None = None  # None: n_heads (multi-head); fewer: grouped-query attention
+    n_layers: int = 6
+    d_ff: int = 2048
+    dropout: float = 0.1  # embedding and residual dropout (§5.4)
+    attn_dropout: float | None = None  # on the attention weights; None: same as dropout
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_eps: float = 1e-5
+    norm_position: Literal["pre", "post"] = "post"
+    final_norm: bool | None = None  # a norm after the last layer; None: only with pre-norm
+    activation: str = "relu"
+    attn_backend: str = "sdpa"
+    attn_window: int | None = None  # keys per query of the "sliding_window" backend
+    attn_layer_backends: tuple[str, ...] | None = None  # per-layer override of attn_backend
+    bias: bool = True  # biases in the linears and LayerNorms
 
+    def validate(self) -> None:
+        """Sizes, probabilities and the registries' choices.
 
-def validate_stack_config(c: Any) -> None:
-    """Validate the fields shared by model configs (those a config lacks are skipped).
-
-    Raises:
-        TypeError: for a field of the wrong type (see :func:`check_field_types`).
-        ValueError: naming the bad value and, for closed choices, the valid ones.
-    """
-    check_field_types(c)
-    check_positive(
-        d_model=c.d_model,
-        n_heads=c.n_heads,
-        n_kv_heads=c.n_kv_heads,
-        n_layers=c.n_layers,
-        d_ff=c.d_ff,
-        norm_eps=c.norm_eps,
-        **{name: getattr(c, name) for name in _OPTIONAL_POSITIVE if hasattr(c, name)},
-    )
-    if c.d_model % c.n_heads != 0:
-        raise ValueError(f"n_heads={c.n_heads} does not divide d_model={c.d_model}")
-    if c.n_kv_heads is not None and c.n_heads % c.n_kv_heads != 0:
-        raise ValueError(f"n_heads={c.n_heads} is not a multiple of n_kv_heads={c.n_kv_heads}")
-    check_probability(dropout=c.dropout, attn_dropout=c.attn_dropout)
-    check_choice("norm", c.norm, NORMS.keys())
-    check_choice("norm_position", c.norm_position, ["pre", "post"])
-    check_choice("activation", c.activation, activation_names())
-    if hasattr(c, "pos_encoding"):
-        check_choice("pos_encoding", c.pos_encoding, POSITIONAL_ENCODINGS.keys())
-        if c.pos_encoding == "rope" and (c.d_model // c.n_heads) % 2:
-            raise ValueError(f"rope needs an even head dim, got d_head={c.d_model // c.n_heads}")
-    if hasattr(c, "rope_scaling"):
-        check_choice("rope_scaling", c.rope_scaling, ["none", "linear", "ntk", "dynamic"])
-    if getattr(c, "rope_factor", 1.0) < 1.0:
-        raise ValueError(f"rope_factor must be >= 1, got {c.rope_factor}")
-    _validate_backends(c)
-
-
-def _validate_backends(c: Any) -> None:
-    check_choice("attn_backend", c.attn_backend, ATTENTION_BACKENDS.keys())
-    per_layer = c.attn_layer_backends
-    if per_layer is not None:
-        if len(per_layer) != c.n_layers:
+        Raises:
+            ValueError: naming the bad value and, for closed choices, the valid ones.
+        """
+        super().validate()
+        check_positive(
+            d_model=self.d_model, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
+            n_layers=self.n_layers, d_ff=self.d_ff, norm_eps=self.norm_eps,
+        )  # fmt: skip
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads != 0:
             raise ValueError(
-                f"attn_layer_backends has {len(per_layer)} entries; expected one per layer "
-                f"(n_layers={c.n_layers})"
+                f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}"
             )
-        for name in per_layer:
-            check_choice("attn_layer_backends entry", name, ATTENTION_BACKENDS.keys())
-    names = set(per_layer or ()) | {c.attn_backend}
-    if c.attn_window is not None:
-        if c.attn_window < 1:
-            raise ValueError(f"attn_window must be a positive integer, got {c.attn_window}")
-        if "sliding_window" not in names:
-            raise ValueError(
-                f"attn_window={c.attn_window} needs the 'sliding_window' backend, "
-                f"but the model uses {sorted(names)}"
-            )
+        # sizes some families have (ViT's max_seq_len is derived, and positive by construction)
+        check_positive(**{n: getattr(self, n) for n in _OPTIONAL_POSITIVE if hasattr(self, n)})
+        check_probability(dropout=self.dropout, attn_dropout=self.attn_dropout)
+        check_choice("norm", self.norm, NORMS.keys())
+        check_choice("activation", self.activation, activation_names())
+        pos_encoding = getattr(self, "pos_encoding", None)
+        if pos_encoding is not None:
+            self._validate_positions(pos_encoding)
+        self._validate_backends()
+
+    def _validate_backends(self) -> None:
+        check_choice("attn_backend", self.attn_backend, ATTENTION_BACKENDS.keys())
+        per_layer = self.attn_layer_backends
+        if per_layer is not None:
+            if len(per_layer) != self.n_layers:
+                raise ValueError(
+                    f"attn_layer_backends has {len(per_layer)} entries; expected one per layer "
+                    f"(n_layers={self.n_layers})"
+                )
+            for name in per_layer:
+                check_choice("attn_layer_backends entry", name, ATTENTION_BACKENDS.keys())
+        names = set(per_layer or ()) | {self.attn_backend}
+        if self.attn_window is not None:
+            if self.attn_window < 1:
+                raise ValueError(f"attn_window must be a positive integer, got {self.attn_window}")
+            if "sliding_window" not in names:
+                raise ValueError(
+                    f"attn_window={self.attn_window} needs the 'sliding_window' backend, "
+                    f"but the model uses {sorted(names)}"
+                )
+
+    def _validate_positions(self, pos_encoding: str) -> None:
+        """Checks of a ``pos_encoding`` field (and of RoPE's fields, where the config has them)."""
+        check_choice("pos_encoding", pos_encoding, POSITIONAL_ENCODINGS.keys())
+        if pos_encoding == "rope" and self.d_head % 2:
+            raise ValueError(f"rope needs an even head dim, got d_head={self.d_head}")
+        check_positive(rope_base=getattr(self, "rope_base", None))
+        if getattr(self, "rope_factor", 1.0) < 1.0:
+            raise ValueError(f"rope_factor must be >= 1, got {getattr(self, 'rope_factor', 1.0)}")
+
+    @property
+    def d_head(self) -> int:
+        """Per-head dimension d_k = d_v = d_model / n_heads."""
+        return self.d_model // self.n_heads
+
+    @property
+    def use_final_norm(self) -> bool:
+        """Whether the stack ends with a norm (``final_norm``, default: only with pre-norm)."""
+        return self.norm_position == "pre" if self.final_norm is None else self.final_norm
 
 
-def layer_backend(c: Any, layer: int) -> AttentionBackend:
+def check_token_ids(config: object, names: tuple[str, ...], vocab_size: int) -> None:
+    """Raise ``ValueError`` for a special token id of ``config`` outside ``[0, vocab_size)``."""
+    for name in names:
+        tok = getattr(config, name)
+        if tok is not None and not 0 <= tok < vocab_size:
+            raise ValueError(f"{name}={tok} is outside the vocabulary [0, {vocab_size})")
+
+
+# -- builders ------------------------------------------------------------------------------------
+
+
+def layer_backend(c: StackConfig, layer: int) -> AttentionBackend:
     """The attention backend of layer ``layer`` (per-layer override, with the window option)."""
     name = c.attn_backend if c.attn_layer_backends is None else c.attn_layer_backends[layer]
     if name in ATTENTION_BACKEND_FACTORIES and name == "sliding_window" and c.attn_window:
@@ -125,7 +143,7 @@ def layer_backend(c: Any, layer: int) -> AttentionBackend:
     return get_attention_backend(name)
 
 
-def layer_window(c: Any, layer: int) -> int | None:
+def layer_window(c: StackConfig, layer: int) -> int | None:
     """The causal window a KV cache of layer ``layer`` may keep, or ``None`` to keep everything.
 
     Only a sliding-window layer without global tokens can drop old keys (global tokens are
@@ -138,23 +156,74 @@ def layer_window(c: Any, layer: int) -> int | None:
     return int(window)
 
 
-def layer_kwargs(c: Any, layer: int) -> dict[str, Any]:
-    """Keyword arguments of ``EncoderLayer``/``DecoderLayer`` for layer ``layer`` of ``c``."""
-    return dict(
+def attention(
+    c: StackConfig, layer: int, rotary: PositionalEncoding | None = None
+) -> MultiHeadAttention:
+    """The (self- or cross-) attention of layer ``layer``; ``rotary`` for RoPE self-attention."""
+    return MultiHeadAttention(
+        c.d_model,
+        c.n_heads,
         n_kv_heads=c.n_kv_heads,
-        dropout=c.dropout,
-        attn_dropout=c.attn_dropout,
-        activation=c.activation,
-        norm=c.norm,
-        norm_eps=c.norm_eps,
-        norm_position=c.norm_position,
+        dropout=c.dropout if c.attn_dropout is None else c.attn_dropout,
         bias=c.bias,
         backend=layer_backend(c, layer),
+        rotary=rotary,
     )
 
 
-def freeze_tuple(config: Any, name: str) -> None:
-    """Store a list-valued field (e.g. from JSON) as a tuple on a frozen dataclass."""
-    value = getattr(config, name)
-    if isinstance(value, list):
-        object.__setattr__(config, name, tuple(value))
+def feed_forward(c: StackConfig, layer: int) -> nn.Module:
+    """The position-wise FFN of layer ``layer`` (eq. (2) or a GLU variant)."""
+    return FeedForward(c.d_model, c.d_ff, activation=c.activation, bias=c.bias)
+
+
+def norm(c: StackConfig) -> nn.Module:
+    """One norm of the stack (LayerNorm or RMSNorm, with the config's epsilon)."""
+    return build_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
+
+
+def final_norm(c: StackConfig) -> nn.Module | None:
+    """The norm after the last layer, or ``None`` (:attr:`StackConfig.use_final_norm`)."""
+    return norm(c) if c.use_final_norm else None
+
+
+def encoder_layer(
+    c: StackConfig, layer: int, rotary: PositionalEncoding | None = None
+) -> EncoderLayer:
+    """Self-attention + FFN, each with its norm (built in that order)."""
+    self_attn, self_attn_norm = attention(c, layer, rotary), norm(c)
+    ffn, ffn_norm = feed_forward(c, layer), norm(c)
+    return EncoderLayer(
+        self_attn, ffn, self_attn_norm, ffn_norm, dropout=c.dropout, norm_position=c.norm_position
+    )
+
+
+def decoder_layer(
+    c: StackConfig,
+    layer: int,
+    rotary: PositionalEncoding | None = None,
+    *,
+    cross_attention: bool = True,
+) -> DecoderLayer:
+    """Masked self-attention (+ cross-attention) + FFN, each with its norm (in that order);
+    ``cross_attention=False`` gives GPT's block."""
+    self_attn, self_attn_norm = attention(c, layer, rotary), norm(c)
+    cross = (attention(c, layer), norm(c)) if cross_attention else (None, None)
+    ffn, ffn_norm = feed_forward(c, layer), norm(c)
+    return DecoderLayer(
+        self_attn, ffn, self_attn_norm, ffn_norm, cross_attn=cross[0], cross_attn_norm=cross[1],
+        dropout=c.dropout, norm_position=c.norm_position,
+    )  # fmt: skip
+
+
+__all__ = [
+    "StackConfig",
+    "attention",
+    "check_token_ids",
+    "decoder_layer",
+    "encoder_layer",
+    "feed_forward",
+    "final_norm",
+    "layer_backend",
+    "layer_window",
+    "norm",
+]

@@ -24,10 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.layers.blocks import DecoderLayer
 from attnlab.layers.embedding import TokenEmbedding, tie_weights
 from attnlab.layers.kv_cache import KVCache
-from attnlab.layers.linear import Linear
 from attnlab.layers.masks import as_attention_mask, combine_masks
 from attnlab.layers.norm import build_norm
 from attnlab.layers.positional import (
@@ -35,15 +33,16 @@ from attnlab.layers.positional import (
     build_positional_encoding,
 )
 from attnlab.models.common import (
-    freeze_tuple,
-    layer_kwargs,
+    StackConfig,
+    check_token_ids,
+    decoder_layer,
+    final_norm,
     layer_window,
-    validate_stack_config,
 )
 
 
 @dataclass(frozen=True, kw_only=True)
-class GPTConfig:
+class GPTConfig(StackConfig):
     """Hyper-parameters of a decoder-only LM (defaults: GPT-2 small, 124M)."""
 
     model_type: ClassVar[str] = "gpt"
@@ -51,26 +50,16 @@ class GPTConfig:
     vocab_size: int = 50257
     d_model: int = 768
     n_heads: int = 12
-    n_kv_heads: int | None = None  # None: n_heads (multi-head); fewer: grouped-query attention
     n_layers: int = 12
     d_ff: int = 3072
-    dropout: float = 0.1  # embedding, residual and FFN-hidden dropout
-    attn_dropout: float | None = None  # None: same as dropout
     max_seq_len: int = 1024  # the learned position table / trained context
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    norm_eps: float = 1e-5
     norm_position: Literal["pre", "post"] = "pre"
-    final_norm: bool | None = None  # None: only with pre-norm
     embed_norm: bool = False  # a norm on the summed embeddings (BLOOM)
     activation: str = "gelu_tanh"  # GPT-2's "gelu_new"
     pos_encoding: str = "learned"
     rope_base: float = 10000.0
     rope_scaling: Literal["none", "linear", "ntk", "dynamic"] = "none"
     rope_factor: float = 1.0
-    attn_backend: str = "sdpa"
-    attn_window: int | None = None  # keys per query of the "sliding_window" backend
-    attn_layer_backends: tuple[str, ...] | None = None  # per-layer override of attn_backend
-    bias: bool = True
     tie_output: bool = True  # LM head shares the token embedding
     init_std: float = 0.02
     ignore_index: int = -100  # target id skipped by the loss
@@ -78,22 +67,9 @@ class GPTConfig:
     bos_id: int | None = None
     eos_id: int | None = 50256
 
-    def __post_init__(self) -> None:
-        freeze_tuple(self, "attn_layer_backends")
-        validate_stack_config(self)
-        for name in ("pad_id", "bos_id", "eos_id"):
-            tok = getattr(self, name)
-            if tok is not None and not 0 <= tok < self.vocab_size:
-                raise ValueError(f"{name}={tok} is outside the vocabulary [0, {self.vocab_size})")
-
-    @property
-    def d_head(self) -> int:
-        """Per-head dimension d_model / n_heads."""
-        return self.d_model // self.n_heads
-
-    @property
-    def use_final_norm(self) -> bool:
-        return self.norm_position == "pre" if self.final_norm is None else self.final_norm
+    def validate(self) -> None:
+        super().validate()
+        check_token_ids(self, ("pad_id", "bos_id", "eos_id"), self.vocab_size)
 
 
 class GPT(nn.Module):
@@ -122,20 +98,10 @@ class GPT(nn.Module):
         )
         self.dropout = nn.Dropout(c.dropout)
         self.layers = nn.ModuleList(
-            DecoderLayer(
-                c.d_model,
-                c.n_heads,
-                c.d_ff,
-                cross_attention=False,
-                **layer_kwargs(c, i),
-                rotary=rotary,
-            )
-            for i in range(c.n_layers)
+            decoder_layer(c, i, rotary, cross_attention=False) for i in range(c.n_layers)
         )
-        self.final_norm = (
-            build_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias) if c.use_final_norm else None
-        )
-        self.lm_head = Linear(c.d_model, c.vocab_size, bias=False)
+        self.final_norm = final_norm(c)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.reset_parameters()
         if c.tie_output:
             tie_weights(self.lm_head, self.tok_embed)
@@ -200,7 +166,7 @@ class GPT(nn.Module):
                     as_attention_mask(mask[:, start:]) if mask is not None else None,
                     self.pos_encoding.score_bias(index, k_index),  # (H, T, S) or None
                 )
-            x, _ = layer(x, mask=masks[start], is_causal=True, positions=pos, cache=layer_cache)
+            x = layer(x, mask=masks[start], is_causal=True, positions=pos, cache=layer_cache)
         return self.final_norm(x) if self.final_norm is not None else x
 
     def forward(

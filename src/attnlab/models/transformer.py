@@ -24,49 +24,37 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import check_positive
-from attnlab.layers.blocks import DecoderLayer, EncoderLayer
 from attnlab.layers.embedding import TokenEmbedding, tie_weights
 from attnlab.layers.kv_cache import KVCache
 from attnlab.layers.masks import as_attention_mask, combine_masks
-from attnlab.layers.norm import build_norm
 from attnlab.layers.positional import (
     PositionalEncoding,
     RotaryEmbedding,
     build_positional_encoding,
 )
-from attnlab.models.common import freeze_tuple, layer_kwargs, validate_stack_config
+from attnlab.models.common import (
+    StackConfig,
+    check_token_ids,
+    decoder_layer,
+    encoder_layer,
+    final_norm,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
-class TransformerConfig:
+class TransformerConfig(StackConfig):
     """Hyper-parameters of the encoder-decoder Transformer (defaults: the base model, Table 3)."""
 
     model_type: ClassVar[str] = "transformer"
 
     vocab_size: int = 37000  # source (and shared) vocabulary
     tgt_vocab_size: int | None = None  # None: one vocabulary shared by source and target
-    d_model: int = 512
-    n_heads: int = 8
-    n_kv_heads: int | None = None
-    n_layers: int = 6  # encoder layers (and decoder layers unless n_decoder_layers is set)
     n_decoder_layers: int | None = None
-    d_ff: int = 2048
-    dropout: float = 0.1
-    attn_dropout: float | None = None  # None: same as dropout
     max_seq_len: int = 1024
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    norm_eps: float = 1e-5
-    norm_position: Literal["pre", "post"] = "post"
-    final_norm: bool | None = None  # None: only with pre-norm
-    activation: str = "relu"
     pos_encoding: str = "sinusoidal"
     rope_base: float = 10000.0
     rope_scaling: Literal["none", "linear", "ntk", "dynamic"] = "none"
     rope_factor: float = 1.0
-    attn_backend: str = "sdpa"
-    attn_window: int | None = None  # keys per query of the "sliding_window" backend
-    attn_layer_backends: tuple[str, ...] | None = None  # per-layer override of attn_backend
-    bias: bool = True
     scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model), §3.4
     share_embeddings: bool = True  # one table for source and target (needs a shared vocabulary)
     tie_output: bool = True  # pre-softmax projection = target embedding, §3.4
@@ -75,9 +63,8 @@ class TransformerConfig:
     bos_id: int = 1
     eos_id: int = 2
 
-    def __post_init__(self) -> None:
-        freeze_tuple(self, "attn_layer_backends")
-        validate_stack_config(self)
+    def validate(self) -> None:
+        super().validate()
         check_positive(tgt_vocab_size=self.tgt_vocab_size, n_decoder_layers=self.n_decoder_layers)
         if self.attn_layer_backends is not None and self.num_decoder_layers != self.n_layers:
             raise ValueError(
@@ -89,16 +76,8 @@ class TransformerConfig:
                 f"share_embeddings needs one vocabulary, but vocab_size={self.vocab_size} and "
                 f"tgt_vocab_size={self.tgt_vocab_size}"
             )
-        for name in ("pad_id", "bos_id", "eos_id"):
-            tok = getattr(self, name)
-            n = min(self.vocab_size, self.target_vocab_size)
-            if tok is not None and not 0 <= tok < n:
-                raise ValueError(f"{name}={tok} is outside the vocabulary [0, {n})")
-
-    @property
-    def d_head(self) -> int:
-        """Per-head dimension d_k = d_v = d_model / n_heads."""
-        return self.d_model // self.n_heads
+        vocab = min(self.vocab_size, self.target_vocab_size)
+        check_token_ids(self, ("pad_id", "bos_id", "eos_id"), vocab)
 
     @property
     def target_vocab_size(self) -> int:
@@ -109,10 +88,6 @@ class TransformerConfig:
     def num_decoder_layers(self) -> int:
         return self.n_decoder_layers or self.n_layers
 
-    @property
-    def use_final_norm(self) -> bool:
-        return self.norm_position == "pre" if self.final_norm is None else self.final_norm
-
 
 class Encoder(nn.Module):
     """N encoder layers (+ a final norm for pre-norm), on already-embedded inputs."""
@@ -120,30 +95,16 @@ class Encoder(nn.Module):
     def __init__(self, config: TransformerConfig, rotary: PositionalEncoding | None = None) -> None:
         super().__init__()
         c = config
-        self.layers = nn.ModuleList(
-            EncoderLayer(c.d_model, c.n_heads, c.d_ff, rotary=rotary, **layer_kwargs(c, i))
-            for i in range(c.n_layers)
-        )
-        self.final_norm = (
-            build_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias) if c.use_final_norm else None
-        )
+        self.layers = nn.ModuleList(encoder_layer(c, i, rotary) for i in range(c.n_layers))
+        self.final_norm = final_norm(c)
 
     def forward(
-        self,
-        x: Tensor,
-        *,
-        mask: Tensor | None = None,
-        positions: Tensor | None = None,
-        need_weights: bool = False,
-    ) -> tuple[Tensor, list[Tensor | None]]:
-        """x ``(B, S, E)`` -> memory ``(B, S, E)`` and per-layer weights ``(B, H, S, S)``."""
-        weights: list[Tensor | None] = []
+        self, x: Tensor, *, mask: Tensor | None = None, positions: Tensor | None = None
+    ) -> Tensor:
+        """x ``(B, S, E)`` -> memory ``(B, S, E)``; ``mask`` broadcastable to (B, H, S, S)."""
         for layer in self.layers:
-            x, w = layer(x, mask=mask, positions=positions, need_weights=need_weights)
-            weights.append(w)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        return x, weights
+            x = layer(x, mask=mask, positions=positions)
+        return self.final_norm(x) if self.final_norm is not None else x
 
 
 class Decoder(nn.Module):
@@ -153,12 +114,9 @@ class Decoder(nn.Module):
         super().__init__()
         c = config
         self.layers = nn.ModuleList(
-            DecoderLayer(c.d_model, c.n_heads, c.d_ff, rotary=rotary, **layer_kwargs(c, i))
-            for i in range(c.num_decoder_layers)
+            decoder_layer(c, i, rotary) for i in range(c.num_decoder_layers)
         )
-        self.final_norm = (
-            build_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias) if c.use_final_norm else None
-        )
+        self.final_norm = final_norm(c)
 
     def forward(
         self,
@@ -169,14 +127,12 @@ class Decoder(nn.Module):
         memory_mask: Tensor | None = None,
         positions: Tensor | None = None,
         cache: KVCache | None = None,
-        need_weights: bool = False,
-    ) -> tuple[Tensor, list[tuple[Tensor | None, Tensor | None]]]:
-        """x ``(B, T, E)``, memory ``(B, S, E)`` -> ``(B, T, E)`` and per-layer (self, cross)
-        weights. ``mask`` is combined with the causal mask (bottom-right aligned with a cache)."""
-        weights: list[tuple[Tensor | None, Tensor | None]] = []
+    ) -> Tensor:
+        """x ``(B, T, E)``, memory ``(B, S, E)`` -> ``(B, T, E)``. ``mask`` is combined with the
+        causal mask (bottom-right aligned with a cache)."""
         for i, layer in enumerate(self.layers):
             sc, cc = cache.layer(i) if cache is not None else (None, None)
-            x, w = layer(
+            x = layer(
                 x,
                 memory,
                 mask=mask,
@@ -185,12 +141,8 @@ class Decoder(nn.Module):
                 positions=positions,
                 cache=sc,
                 cross_cache=cc,
-                need_weights=need_weights,
             )
-            weights.append(w)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        return x, weights
+        return self.final_norm(x) if self.final_norm is not None else x
 
 
 class EncoderDecoderTransformer(nn.Module):
@@ -261,8 +213,7 @@ class EncoderDecoderTransformer(nn.Module):
             as_attention_mask(src_mask) if src_mask is not None else None,
             self.pos_encoding.score_bias(pos, pos),
         )
-        memory, _ = self.encoder(x, mask=mask, positions=pos)
-        return memory
+        return self.encoder(x, mask=mask, positions=pos)
 
     def decode(
         self,
@@ -291,7 +242,7 @@ class EncoderDecoderTransformer(nn.Module):
             self.pos_encoding.score_bias(pos, k_pos),
         )
         memory_mask = as_attention_mask(src_mask) if src_mask is not None else None
-        h, _ = self.decoder(
+        h = self.decoder(
             x, memory, mask=self_mask, memory_mask=memory_mask, positions=pos, cache=cache
         )
         return self.lm_head(h)

@@ -20,20 +20,18 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.config import check_choice, check_positive
-from attnlab.layers.blocks import EncoderLayer
-from attnlab.layers.norm import build_norm
+from attnlab.config import check_positive
 from attnlab.layers.patch_embedding import PatchEmbedding
 from attnlab.layers.positional import (
     LearnedPositionalEmbedding,
     NoPositionalEncoding,
     PositionalEncoding,
 )
-from attnlab.models.common import freeze_tuple, layer_kwargs, validate_stack_config
+from attnlab.models.common import StackConfig, encoder_layer, final_norm
 
 
 @dataclass(frozen=True, kw_only=True)
-class ViTConfig:
+class ViTConfig(StackConfig):
     """Hyper-parameters of a ViT classifier (defaults: ViT-B/16 at 224x224, 1000 classes)."""
 
     model_type: ClassVar[str] = "vit"
@@ -44,27 +42,20 @@ class ViTConfig:
     n_classes: int = 1000  # 0: no head; forward returns the pooled features (B, E)
     d_model: int = 768
     n_heads: int = 12
-    n_kv_heads: int | None = None
     n_layers: int = 12
     d_ff: int = 3072
     dropout: float = 0.0
-    attn_dropout: float | None = None  # None: same as dropout
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_eps: float = 1e-12
     norm_position: Literal["pre", "post"] = "pre"
+    final_norm: bool | None = True  # ViT normalises the encoder output, pre- or post-norm
     activation: str = "gelu"
     pos_encoding: Literal["learned", "none"] = "learned"  # "none": permutation-equivariant
     pool: Literal["cls", "mean"] = "cls"  # classify the [CLS] output or the mean patch output
     pooler: bool = False  # tanh(dense(pooled)) before the head, as BERT's pooler
-    attn_backend: str = "sdpa"
-    attn_window: int | None = None  # keys per query of the "sliding_window" backend
-    attn_layer_backends: tuple[str, ...] | None = None  # per-layer override of attn_backend
-    bias: bool = True
     init_std: float = 0.02
 
-    def __post_init__(self) -> None:
-        freeze_tuple(self, "attn_layer_backends")
-        validate_stack_config(self)
+    def validate(self) -> None:
+        super().validate()
         check_positive(
             image_size=self.image_size, patch_size=self.patch_size, in_channels=self.in_channels
         )
@@ -74,13 +65,6 @@ class ViTConfig:
             raise ValueError(
                 f"image_size={self.image_size} is not a multiple of patch_size={self.patch_size}"
             )
-        check_choice("pos_encoding", self.pos_encoding, ["learned", "none"])
-        check_choice("pool", self.pool, ["cls", "mean"])
-
-    @property
-    def d_head(self) -> int:
-        """Per-head dimension d_model / n_heads."""
-        return self.d_model // self.n_heads
 
     @property
     def n_patches(self) -> int:
@@ -107,16 +91,8 @@ class ViT(nn.Module):
             else NoPositionalEncoding()
         )
         self.dropout = nn.Dropout(c.dropout)
-        self.layers = nn.ModuleList(
-            EncoderLayer(
-                c.d_model,
-                c.n_heads,
-                c.d_ff,
-                **layer_kwargs(c, i),
-            )
-            for i in range(c.n_layers)
-        )
-        self.final_norm = build_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
+        self.layers = nn.ModuleList(encoder_layer(c, i) for i in range(c.n_layers))
+        self.final_norm = final_norm(c)
         self.pooler = nn.Linear(c.d_model, c.d_model) if c.pooler else None
         self.head = nn.Linear(c.d_model, c.n_classes) if c.n_classes else None
         self.reset_parameters()
@@ -145,8 +121,8 @@ class ViT(nn.Module):
         pos = torch.arange(x.shape[1], device=x.device)  # (1 + P,)
         x = self.dropout(self.pos_encoding.embed(x, pos))
         for layer in self.layers:
-            x, _ = layer(x)
-        return self.final_norm(x)
+            x = layer(x)
+        return self.final_norm(x) if self.final_norm is not None else x
 
     def forward(self, images: Tensor) -> Tensor:
         """Classify images ``(B, C, H, W)`` -> logits ``(B, K)`` (the pooled features ``(B, E)``

@@ -1,25 +1,41 @@
-"""Training: synthetic tasks, learning-rate schedules (§5.3), label smoothing (§5.4), a minimal
-loop with exact-match evaluation, and atomic safetensors checkpoints; and the full trainer
-(:class:`Trainer` with :class:`TrainConfig`: optimizer groups, accumulation, clipping,
-evaluation, early stopping, resumable checkpoints, metrics), data and tokenizers, and the recipes
-behind ``attnlab train <recipe>``. The foundation's minimal loop (:func:`train`, configured by
-:class:`LoopConfig`) drives ``attnlab train reverse``.
+"""Training (floor 4): the one trainer and everything it runs on.
+
+- :class:`Trainer` with :class:`TrainConfig`: accumulation, clipping, schedules (§5.3), label
+  smoothing (§5.4), evaluation with callbacks, early stopping, the best model, §6.1 checkpoint
+  averaging, budgets in steps, minutes and epochs, bitwise-resumable checkpoints with fallback,
+  DDP/FSDP2 under torchrun (:mod:`~attnlab.training.distributed`);
+- the run directory (:mod:`~attnlab.training.rundir`), trainer state
+  (:mod:`~attnlab.training.state`) and metrics (:mod:`~attnlab.training.metrics`): one layout
+  and one schema for every recipe;
+- objectives and resumable data streams (:mod:`~attnlab.training.objectives`), data
+  (:mod:`~attnlab.training.data`), the reverse task (:mod:`~attnlab.training.tasks`);
+- the recipes behind ``attnlab train <recipe>`` (:mod:`~attnlab.training.recipes`).
 """
 
-from attnlab.pretrained import load_attnlab, load_config, save_pretrained
+from attnlab.training.checkpointing import average_checkpoints
 from attnlab.training.config import TrainConfig
-from attnlab.training.data import ArrayImageDataset, TokenStream, load_digits, load_text
-from attnlab.training.loop import LoopConfig, TrainResult, evaluate_exact_match, train
+from attnlab.training.data import (
+    ArrayImageDataset,
+    TokenStream,
+    find_data_file,
+    load_digits,
+    load_text,
+)
 from attnlab.training.losses import label_smoothed_cross_entropy
-from attnlab.training.metrics import MetricsLogger
+from attnlab.training.metrics import MetricsLogger, read_metrics
 from attnlab.training.objectives import (
     CausalLMObjective,
     ClassificationObjective,
+    EpochStream,
     MaskedLMObjective,
     Objective,
+    SampledStream,
+    Seq2SeqBatch,
+    Seq2SeqObjective,
 )
 from attnlab.training.optim import build_optimizer, build_scheduler, parameter_groups
 from attnlab.training.recipes import RECIPES, load_run, prepare
+from attnlab.training.rundir import RunDir, RunDirError, latest_checkpoint
 from attnlab.training.schedules import (
     SCHEDULES,
     constant,
@@ -28,55 +44,56 @@ from attnlab.training.schedules import (
     noam,
     warmup_cosine,
 )
-from attnlab.training.state import (
-    latest_checkpoint,
-    load_training_state,
-    save_training_checkpoint,
+from attnlab.training.state import load_training_state, read_training_state
+from attnlab.training.tasks import ReverseTask
+from attnlab.training.trainer import (
+    Callback,
+    FitResult,
+    NonFiniteLossError,
+    Trainer,
+    clip_gradients,
 )
-from attnlab.training.tasks import ReverseTask, Seq2SeqBatch
-from attnlab.training.tokenizers import BPETokenizer, CharTokenizer, load_tokenizer
-from attnlab.training.trainer import FitResult, Trainer, clip_gradients
 
 __all__ = [
     "RECIPES",
     "SCHEDULES",
     "ArrayImageDataset",
-    "BPETokenizer",
+    "Callback",
     "CausalLMObjective",
-    "CharTokenizer",
     "ClassificationObjective",
+    "EpochStream",
     "FitResult",
-    "LoopConfig",
     "MaskedLMObjective",
     "MetricsLogger",
+    "NonFiniteLossError",
     "Objective",
     "ReverseTask",
+    "RunDir",
+    "RunDirError",
+    "SampledStream",
     "Seq2SeqBatch",
+    "Seq2SeqObjective",
     "TokenStream",
     "TrainConfig",
-    "TrainResult",
     "Trainer",
+    "average_checkpoints",
     "build_optimizer",
     "build_scheduler",
     "clip_gradients",
     "constant",
-    "evaluate_exact_match",
+    "find_data_file",
     "label_smoothed_cross_entropy",
     "lambda_lr",
     "latest_checkpoint",
-    "load_attnlab",
-    "load_config",
     "load_digits",
     "load_run",
     "load_text",
-    "load_tokenizer",
     "load_training_state",
     "make_schedule",
     "noam",
     "parameter_groups",
     "prepare",
-    "save_pretrained",
-    "save_training_checkpoint",
-    "train",
+    "read_metrics",
+    "read_training_state",
     "warmup_cosine",
 ]

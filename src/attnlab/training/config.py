@@ -5,32 +5,39 @@ defaults are the paper's recipe where it gives one (§5.3: Adam β = (0.9, 0.98)
 eq. (3) schedule with 4000 warmup steps; §5.4: label smoothing 0.1); the recipes in
 :mod:`attnlab.training.recipes` override them (e.g. AdamW + warmup/cosine for the GPT recipe).
 
-Like the model configs it is a frozen, keyword-only dataclass that validates itself, serialises
-with ``dataclasses.asdict`` and loads with :meth:`TrainConfig.from_dict`, which rejects unknown
+Like the model configs it is a frozen, keyword-only :class:`~attnlab.config.Config`: every field
+is type-checked (floats finite), then :meth:`TrainConfig.validate` checks ranges; it serialises
+with :meth:`~attnlab.config.Config.to_dict` and loads with ``from_dict``, which rejects unknown
 keys.
 
+Budgets: a run stops at the first of ``steps`` (optimizer updates in total), ``max_minutes``
+(training wall time in total, evaluation included, summed over resumed sessions) and
+``max_epochs`` (passes over the data, for recipes whose data has epochs); at least one is set.
+
 Deviations from the paper: ``lr`` multiplies the Noam schedule (1.0 is eq. (3) exactly); weight
-decay, accumulation, clipping and early stopping are modern additions the paper does not use.
+decay, accumulation, clipping, early stopping and checkpoint averaging options are modern
+additions (averaging is §6.1's, as an option).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-from attnlab.config import check_choice, check_positive, check_probability, config_from_dict
+from attnlab.config import Config, check_positive, check_probability
 
 ScheduleName = Literal["noam", "cosine", "constant"]
 OptimizerName = Literal["adam", "adamw", "sgd"]
+OptimizerImpl = Literal["auto", "fused", "foreach", "for-loop"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-    """How to train: steps, batches, optimizer, schedule, regularisation, evaluation, logging.
+class TrainConfig(Config):
+    """How to train: budget, batches, optimizer, schedule, regularisation, evaluation, files.
 
     A step is one optimizer update over ``grad_accum`` micro-batches of ``batch_size`` examples
-    each (so ``batch_size * grad_accum`` examples per update).
+    each (so ``batch_size * grad_accum`` examples per update; recipes whose batches are sized in
+    tokens, like translation, say so).
 
     Under ``torchrun`` (:mod:`attnlab.training.distributed`) these stay the *global* numbers:
     each of the N processes computes ``batch_size / N`` examples of every micro-batch (so N must
@@ -38,12 +45,14 @@ class TrainConfig:
     """
 
     # -- budget and batches
-    steps: int = 1000  # optimizer updates
+    steps: int | None = 1000  # optimizer updates in total (None: another budget decides)
+    max_minutes: float | None = None  # training time in total, over resumed sessions too
+    max_epochs: int | None = None  # passes over the data (recipes with epochs)
     batch_size: int = 32  # examples per micro-batch
     grad_accum: int = 1  # micro-batches per update
-    max_minutes: float | None = None  # stop (and checkpoint) once this much wall time passed
     # -- optimizer (§5.3 defaults)
     optimizer: OptimizerName = "adam"
+    optimizer_impl: OptimizerImpl = "auto"  # auto: fused where it applies, else for-loop
     lr: float = 1.0  # peak rate; for "noam" a multiplier of eq. (3)
     betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9
@@ -57,13 +66,18 @@ class TrainConfig:
     # -- regularisation
     label_smoothing: float = 0.1  # §5.4 ε_ls
     clip_grad_norm: float | None = None  # None: no clipping
-    # -- evaluation and early stopping
+    # -- evaluation, early stopping, the best model
     eval_every: int = 0  # steps between evaluations; 0: only at the end
-    eval_batches: int = 10  # micro-batches per evaluation
-    early_stopping: int | None = None  # stop after this many evaluations without improvement
-    # -- checkpoints and logging
+    eval_batches: int = 10  # micro-batches per evaluation (recipes with a fixed val set: all)
+    best_metric: str = "val_loss"  # what early stopping and best/ follow ("val_<name>")
+    early_stopping: int | None = None  # stop after this many evaluations without a new best
+    save_best: bool = False  # write the best model's directory to best/ when it improves
+    export_last: bool = False  # at the end, write the last model's directory to last/
+    # -- checkpoints, averaging and logging
     checkpoint_every: int = 0  # steps between checkpoints; 0: only at the end
+    checkpoint_every_minutes: float | None = None  # also after this much training time
     keep_checkpoints: int = 2  # newest checkpoints kept on disk
+    average_last: int = 0  # §6.1: at the end, average the last N checkpoints into averaged/
     log_every: int = 10  # steps between metrics.jsonl lines
     progress: bool = True  # tqdm bar with loss, lr and tokens/s
     tensorboard: bool = False  # also log through torch.utils.tensorboard (when installed)
@@ -73,20 +87,24 @@ class TrainConfig:
     seed: int = 0  # seeds data order, masking and dropout
     deterministic: bool = True  # torch.use_deterministic_algorithms(True, warn_only=True)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "betas", tuple(self.betas))
+    def validate(self) -> None:
+        """Ranges and rules between the fields.
+
+        Raises:
+            ValueError: naming the field, its value and what is expected.
+        """
+        super().validate()
         check_positive(
             steps=self.steps, batch_size=self.batch_size, grad_accum=self.grad_accum,
-            max_minutes=self.max_minutes, lr=self.lr, adam_eps=self.adam_eps,
-            clip_grad_norm=self.clip_grad_norm, eval_batches=self.eval_batches,
-            early_stopping=self.early_stopping, keep_checkpoints=self.keep_checkpoints,
-            log_every=self.log_every,
+            max_minutes=self.max_minutes, max_epochs=self.max_epochs, lr=self.lr,
+            adam_eps=self.adam_eps, clip_grad_norm=self.clip_grad_norm,
+            eval_batches=self.eval_batches, early_stopping=self.early_stopping,
+            keep_checkpoints=self.keep_checkpoints, log_every=self.log_every,
+            checkpoint_every_minutes=self.checkpoint_every_minutes,
         )  # fmt: skip
-        check_choice("optimizer", self.optimizer, ["adam", "adamw", "sgd"])
-        check_choice("schedule", self.schedule, ["noam", "cosine", "constant"])
+        if self.steps is None and self.max_minutes is None and self.max_epochs is None:
+            raise ValueError("give a training budget: steps, max_minutes or max_epochs")
         check_probability(label_smoothing=self.label_smoothing)
-        if len(self.betas) != 2:
-            raise ValueError(f"betas must be a pair, got {self.betas}")
         for name, beta in zip(("beta1", "beta2"), self.betas, strict=True):
             if not 0.0 <= beta < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {beta}")
@@ -95,18 +113,39 @@ class TrainConfig:
             ("weight_decay", self.weight_decay),
             ("eval_every", self.eval_every),
             ("checkpoint_every", self.checkpoint_every),
+            ("average_last", self.average_last),
         ):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if not self.best_metric.startswith("val_"):
+            raise ValueError(
+                f"best_metric must name a validation metric such as 'val_loss' or "
+                f"'val_accuracy', got {self.best_metric!r}"
+            )
+        if self.average_last > self.keep_checkpoints:
+            raise ValueError(
+                f"average_last={self.average_last} needs keep_checkpoints >= {self.average_last}"
+                f" (the checkpoints averaged), got {self.keep_checkpoints}"
+            )
         if self.schedule == "noam" and self.warmup == 0:
             raise ValueError("schedule='noam' needs warmup > 0 (eq. (3) divides by it)")
-        if self.schedule == "cosine" and self.warmup >= self.steps:
-            raise ValueError(
-                f"schedule='cosine' needs warmup < steps, got warmup={self.warmup}, "
-                f"steps={self.steps}"
-            )
+        if self.schedule == "cosine":
+            if self.steps is None:
+                raise ValueError("schedule='cosine' needs steps (it decays to the last one)")
+            if self.warmup >= self.steps:
+                raise ValueError(
+                    f"schedule='cosine' needs warmup < steps, got warmup={self.warmup}, "
+                    f"steps={self.steps}"
+                )
+
+    @property
+    def best_mode(self) -> Literal["min", "max"]:
+        """Whether a lower (losses, perplexities) or higher (accuracy, BLEU) ``best_metric``
+        is better."""
+        name = self.best_metric
+        return "min" if name.endswith(("loss", "ppl", "perplexity")) else "max"
 
     @property
     def examples_per_step(self) -> int:
@@ -130,20 +169,5 @@ class TrainConfig:
             )
         return self.batch_size // world_size
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (``betas`` as a list)."""
-        d = dataclasses.asdict(self)
-        d["betas"] = list(self.betas)
-        return d
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """Build from a dict such as :meth:`to_dict`'s.
-
-        Raises:
-            ValueError: naming unknown keys (and the valid ones) or invalid values.
-        """
-        return config_from_dict(cls, data)
-
-
-__all__ = ["OptimizerName", "ScheduleName", "TrainConfig"]
+__all__ = ["OptimizerImpl", "OptimizerName", "ScheduleName", "TrainConfig"]

@@ -3,8 +3,10 @@
 Every dataset samples with an explicit ``torch.Generator``: the generator's state *is* the data
 position, so a checkpoint that stores it resumes the exact same batch sequence.
 
-- :func:`load_text` reads a text file from a path, from ``$ATTNLAB_DATA``, or (for Tiny
-  Shakespeare) downloads it once into a cache directory.
+- :func:`find_data_file` looks a data set up offline first: in ``$ATTNLAB_DATA``, then in
+  ``../shared/data`` beside a source checkout of attnlab, then in ``~/.cache/attnlab``;
+  :func:`load_text` reads a text file from a path, or finds Tiny Shakespeare that way and only
+  then downloads it (into the cache), saying where to put the file when it cannot.
 - :class:`TokenStream`: a 1-D id tensor split into train (first ``1 - val_fraction``) and val
   (the rest); :meth:`TokenStream.blocks` draws random contiguous blocks ``(B, T + 1)``, from
   which a language model reads ``x = block[:, :-1]`` and ``y = block[:, 1:]``.
@@ -32,6 +34,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnlab.io import atomic_write_bytes, data_dirs, find_data_file, read_text
+
 Split = Literal["train", "val", "test"]
 
 logger = logging.getLogger(__name__)
@@ -44,46 +48,56 @@ TINY_SHAKESPEARE = "tinyshakespeare.txt"
 
 
 def data_dir() -> Path:
-    """``$ATTNLAB_DATA`` if set, else ``~/.cache/attnlab``."""
+    """Where downloads are cached: ``$ATTNLAB_DATA`` if set, else ``~/.cache/attnlab``."""
     env = os.environ.get("ATTNLAB_DATA")
     return Path(env) if env else Path.home() / ".cache" / "attnlab"
 
 
-def load_text(path: str | os.PathLike[str] | None = None, *, download: bool = True) -> str:
-    """The text of ``path``, or of Tiny Shakespeare when ``path`` is ``None``.
+def load_text(
+    path: str | os.PathLike[str] | None = None, *, download: bool = True
+) -> tuple[str, Path]:
+    """``(text, file)``: the text of ``path``, or of Tiny Shakespeare when ``path`` is ``None``.
 
-    Without a path the file is looked up as ``tinyshakespeare.txt`` in :func:`data_dir`; if it is
-    missing and ``download`` is true it is fetched from its public URL, checked against its
-    sha256 and cached there.
+    Without a path the file ``tinyshakespeare.txt`` is looked up in :func:`data_dirs`; if it is
+    in none of them and ``download`` is true it is fetched from its public URL, checked against
+    its sha256 and cached in :func:`data_dir`.
 
     Raises:
-        FileNotFoundError: if the file is missing and cannot be downloaded.
-        ValueError: if a download does not match the expected checksum.
+        FileNotFoundError: if the file is missing and cannot be downloaded (the message names
+            the folders searched and the options that point elsewhere).
+        IsADirectoryError: for a directory where a text file is expected.
+        ValueError: for a file that is not UTF-8 text, or a download that does not match the
+            expected checksum.
     """
     if path is not None:
-        return Path(path).read_text(encoding="utf-8")
-    file = data_dir() / TINY_SHAKESPEARE
-    if not file.is_file():
+        return read_text(path, what="text file"), Path(path)
+    file = find_data_file(TINY_SHAKESPEARE)
+    if file is None:
+        searched = ", ".join(str(d) for d in data_dirs())
+        hint = (
+            f"put {TINY_SHAKESPEARE} in one of {searched} (or set ATTNLAB_DATA=DIR), or pass "
+            "--data=FILE for another text"
+        )
         if not download:
-            raise FileNotFoundError(f"{file} is missing (set ATTNLAB_DATA or pass a path)")
-        _download(TINY_SHAKESPEARE_URL, file, TINY_SHAKESPEARE_SHA256)
-    return file.read_text(encoding="utf-8")
+            raise FileNotFoundError(f"{TINY_SHAKESPEARE} is not in the data folders: {hint}")
+        file = data_dir() / TINY_SHAKESPEARE
+        _download(TINY_SHAKESPEARE_URL, file, TINY_SHAKESPEARE_SHA256, hint=hint)
+    return read_text(file, what="text file"), file
 
 
-def _download(url: str, file: Path, sha256: str) -> None:
+def _download(url: str, file: Path, sha256: str, *, hint: str = "") -> None:
     logger.info("downloading %s -> %s", url, file)
     try:
         with urllib.request.urlopen(url, timeout=60) as response:
             payload = response.read()
     except OSError as e:
-        raise FileNotFoundError(f"{file} is missing and {url} could not be fetched: {e}") from e
+        raise FileNotFoundError(
+            f"{file.name} is not in the data folders and {url} could not be fetched ({e}); " + hint
+        ) from None
     digest = hashlib.sha256(payload).hexdigest()
     if digest != sha256:
         raise ValueError(f"{url}: sha256 {digest} does not match the expected {sha256}")
-    file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = file.with_suffix(".part")
-    tmp.write_bytes(payload)
-    os.replace(tmp, file)
+    atomic_write_bytes(file, payload)
 
 
 class TokenStream:
@@ -270,6 +284,8 @@ __all__ = [
     "Split",
     "TokenStream",
     "data_dir",
+    "data_dirs",
+    "find_data_file",
     "load_digits",
     "load_text",
     "shard_batch",

@@ -1,5 +1,19 @@
-"""Run metrics: one JSON object per line in ``<run>/metrics.jsonl`` (read by
-:mod:`attnlab.viz.curves`), and optionally TensorBoard scalars.
+"""Run metrics: one JSON object per line in ``<run>/metrics.jsonl``, and optionally TensorBoard.
+
+One schema for every recipe. Each record has ``step`` (optimizer updates so far), ``split`` and
+``elapsed_s`` (training time in total, over resumed sessions), then the split's figures:
+
+- ``"train"``: ``loss`` (the update's mean training loss, label smoothing included), ``lr``,
+  ``grad_norm`` (before clipping), ``tokens`` (input tokens so far), ``tokens_per_s``, and
+  ``epoch`` for recipes whose data has epochs;
+- ``"val"``: ``loss`` (no label smoothing), ``accuracy`` (of the loss's targets) and the
+  recipe's own metrics (``ppl``, ``bleu``, ``exact_match``, ...);
+- ``"final"``: the same figures for a model made at the end, named by ``model``
+  (``"averaged"``: §6.1's checkpoint average).
+
+:func:`read_metrics` reads a run's file and also the two layouts of attnlab 0.1 (``train_loss``
+/ ``val_loss`` keys; the translation loop's ``seconds`` and ``val_*``/``avg_*`` keys), returned
+in this schema.
 
 Lines are appended and flushed as they are written, so a killed run keeps what it logged; a
 resumed run first drops lines logged after its checkpoint's step, so the file never holds two
@@ -14,6 +28,8 @@ import logging
 import os
 from pathlib import Path
 from typing import Any
+
+from attnlab.io import atomic_write_text
 
 METRICS_NAME = "metrics.jsonl"
 
@@ -64,9 +80,7 @@ class MetricsLogger:
             if isinstance(record, dict) and record.get("step", 0) <= step:
                 kept.append(line)
         # through a temporary file and os.replace: a kill here must not lose the kept lines
-        tmp = self.path.with_name(f".{METRICS_NAME}.tmp")
-        tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
-        os.replace(tmp, self.path)
+        atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))
 
     def log(self, record: dict[str, Any]) -> None:
         """Append ``record`` (must hold ``"step"``) as one line."""
@@ -83,4 +97,54 @@ class MetricsLogger:
             self._tb.close()
 
 
-__all__ = ["METRICS_NAME", "MetricsLogger"]
+_LEGACY_VAL = {"val_loss": "loss", "val_accuracy": "accuracy", "val_ppl": "ppl", "val_bleu": "bleu"}
+
+
+def normalise_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A metrics record in the schema above (records of attnlab 0.1 converted)."""
+    legacy = ("train_loss" in record or "seconds" in record
+              or any(k.startswith(("avg_", "val_")) for k in record))  # fmt: skip
+    if "split" in record and not legacy:
+        return record
+    out: dict[str, Any] = {"step": record.get("step")}
+    split = record.get("split")
+    if "seconds" in record:
+        out["elapsed_s"] = record["seconds"]
+    if "train_loss" in record:
+        split = "train"
+        out["loss"] = record["train_loss"]
+    elif split is None and ("val_loss" in record or "val_accuracy" in record):
+        split = "val"
+    out["split"] = split or "train"
+    for key, value in record.items():
+        if key in ("step", "split", "seconds", "train_loss"):
+            continue
+        name = key.removeprefix("avg_")
+        out[_LEGACY_VAL.get(name, name)] = value
+    return out
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The records of a metrics file (or of a run directory's ``metrics.jsonl``), in the schema
+    above; blank lines and lines that are not JSON objects (a torn last line) are skipped.
+
+    Raises:
+        FileNotFoundError: if there is no such file.
+    """
+    file = Path(path)
+    if file.is_dir():
+        file = file / METRICS_NAME
+    if not file.is_file():
+        raise FileNotFoundError(f"no metrics file {file}")
+    records = []
+    for line in file.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "step" in record:
+            records.append(normalise_record(record))
+    return records
+
+
+__all__ = ["METRICS_NAME", "MetricsLogger", "normalise_record", "read_metrics"]

@@ -1,18 +1,35 @@
-"""What a model learns from a batch: causal LM (GPT), masked LM (BERT), classification (ViT).
+"""What a model learns from its data: the trainer's view of a task, with resumable data streams.
 
-An objective draws batches with an explicit generator and turns (model, batch) into a *summed*
-loss and the number of terms in it. The trainer divides by the total count of all micro-batches
-of an update, so k micro-batches give exactly the gradient of one k-times larger batch even when
-the counts differ (masked LM). Losses are label-smoothed cross-entropies (§5.4,
-:func:`attnlab.training.losses.label_smoothed_cross_entropy`).
+An :class:`Objective` gives the trainer two things:
 
-Shapes: B batch, T tokens, V vocabulary, K classes.
+- the data: :meth:`~Objective.train_stream` returns a :class:`DataStream`, whose
+  :meth:`~DataStream.next_batch` yields the next training micro-batch and whose
+  :meth:`~DataStream.state_dict` is the *data position* a checkpoint stores, so a resumed run
+  draws exactly the batches the uninterrupted run would; :meth:`~Objective.val_batches` the fixed
+  validation batches;
+- the loss: :meth:`~Objective.loss` turns (model, batch) into a *summed* loss and the number of
+  terms in it (:class:`LossTerms`). The trainer divides by the total count of all micro-batches
+  of an update, so k micro-batches give exactly the gradient of one k-times larger batch even
+  when the counts differ (masked LM, translation). Losses are label-smoothed cross-entropies
+  (§5.4, :func:`attnlab.training.losses.label_smoothed_cross_entropy`).
+
+Two kinds of stream: :class:`SampledStream` draws random batches with its own seeded
+``torch.Generator`` (the generator state is the position: LM blocks, masked LM, images, the
+reverse task); :class:`EpochStream` walks a fixed order of batches per epoch (translation's
+length-bucketed token batches: the position is ``(epoch, batch)``).
+
+Objectives here: :class:`CausalLMObjective` (GPT), :class:`MaskedLMObjective` (BERT),
+:class:`ClassificationObjective` (ViT, CNN), :class:`Seq2SeqObjective` (the encoder-decoder:
+the reverse task, and with an :class:`EpochStream` translation).
+
+Shapes: B batch, T tokens, S source tokens, V vocabulary, K classes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -20,6 +37,8 @@ from torch import Tensor, nn
 from attnlab.models.bert import mask_tokens
 from attnlab.training.data import ArrayImageDataset, Split, TokenStream
 from attnlab.training.losses import label_smoothed_cross_entropy
+
+EVAL_SEED_OFFSET = 1_000_003  # validation batches use their own fixed generator
 
 
 @dataclass
@@ -31,11 +50,36 @@ class LossTerms:
     correct: int
 
 
+class DataStream(Protocol):
+    """An endless source of training batches with a resumable position."""
+
+    def next_batch(self) -> Any:
+        """The next micro-batch (advances the position)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position (tensors and plain values)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a position from :meth:`state_dict`."""
+        ...
+
+    @property
+    def epoch(self) -> float | None:
+        """Passes over the data so far (``None`` for a stream without epochs)."""
+        ...
+
+
 class Objective(Protocol):
     """The trainer's view of a task."""
 
-    def batch(self, split: Split, batch_size: int, generator: torch.Generator) -> Any:
-        """A random batch of ``split``."""
+    def train_stream(self, batch_size: int, seed: int) -> DataStream:
+        """The training batches, from the start (the trainer restores its position)."""
+        ...
+
+    def val_batches(self, batch_size: int, n_batches: int, seed: int) -> list[Any]:
+        """The fixed validation batches (the same for every evaluation)."""
         ...
 
     def count(self, batch: Any) -> int:
@@ -51,6 +95,80 @@ class Objective(Protocol):
         ...
 
 
+# -- streams -------------------------------------------------------------------------------------
+
+
+class SampledStream:
+    """Random batches: ``draw(batch_size, generator)`` with a generator seeded by ``seed``."""
+
+    def __init__(
+        self, draw: Callable[[int, torch.Generator], Any], batch_size: int, seed: int
+    ) -> None:
+        self.draw, self.batch_size = draw, batch_size
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def next_batch(self) -> Any:
+        return self.draw(self.batch_size, self.generator)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+
+    @property
+    def epoch(self) -> float | None:
+        return None
+
+
+class EpochStream:
+    """Epochs of batches in a fixed order: ``order(epoch)`` lists the batches of an epoch (each
+    anything ``collate`` turns into a batch); the position is ``(epoch, batch)``.
+
+    Raises:
+        ValueError: (at the first batch) if an epoch has no batches.
+    """
+
+    def __init__(self, order: Callable[[int], Sequence[Any]], collate: Callable[[Any], Any]):
+        self.order, self.collate = order, collate
+        self.epoch_index, self.batch_index = 0, 0
+        self._cache: tuple[int, Sequence[Any]] | None = None
+
+    def _batches(self) -> Sequence[Any]:
+        if self._cache is None or self._cache[0] != self.epoch_index:
+            batches = self.order(self.epoch_index)
+            if not batches:
+                raise ValueError(f"epoch {self.epoch_index} has no batches (no training data?)")
+            self._cache = (self.epoch_index, batches)
+        return self._cache[1]
+
+    def next_batch(self) -> Any:
+        batches = self._batches()
+        batch = self.collate(batches[self.batch_index])
+        self.batch_index += 1
+        if self.batch_index == len(batches):
+            self.epoch_index, self.batch_index = self.epoch_index + 1, 0
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch_index, "batch": self.batch_index}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch_index, self.batch_index = int(state["epoch"]), int(state["batch"])
+
+    @property
+    def epoch(self) -> float | None:
+        return self.epoch_index + self.batch_index / max(len(self._batches()), 1)
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Batches in the current epoch (for progress totals)."""
+        return len(self._batches())
+
+
+# -- objectives ----------------------------------------------------------------------------------
+
+
 def _terms(logits: Tensor, targets: Tensor, ignore_index: int, eps: float) -> LossTerms:
     loss_sum = label_smoothed_cross_entropy(
         logits.float(), targets, epsilon=eps, ignore_index=ignore_index, reduction="sum"
@@ -60,7 +178,24 @@ def _terms(logits: Tensor, targets: Tensor, ignore_index: int, eps: float) -> Lo
     return LossTerms(loss_sum, int(keep.sum()), correct)
 
 
-class CausalLMObjective:
+class SampledObjective:
+    """Base of the objectives whose batches are random draws of :meth:`sample`."""
+
+    val_split: Split = "val"
+
+    def sample(self, split: Split, batch_size: int, generator: torch.Generator) -> Any:
+        """A random batch of ``split``."""
+        raise NotImplementedError
+
+    def train_stream(self, batch_size: int, seed: int) -> DataStream:
+        return SampledStream(lambda n, g: self.sample("train", n, g), batch_size, seed)
+
+    def val_batches(self, batch_size: int, n_batches: int, seed: int) -> list[Any]:
+        generator = torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET)
+        return [self.sample(self.val_split, batch_size, generator) for _ in range(n_batches)]
+
+
+class CausalLMObjective(SampledObjective):
     """Next-token prediction on random blocks of a :class:`TokenStream` (GPT).
 
     A batch is ``(x, y)``, both ``(B, T)``, with ``y`` the block shifted left by one.
@@ -71,7 +206,7 @@ class CausalLMObjective:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.data, self.block_size = data, block_size
 
-    def batch(self, split: Split, batch_size: int, generator: torch.Generator) -> Any:
+    def sample(self, split: Split, batch_size: int, generator: torch.Generator) -> Any:
         block = self.data.blocks(split, batch_size, self.block_size + 1, generator)  # (B, T+1)
         return block[:, :-1], block[:, 1:]
 
@@ -87,17 +222,16 @@ class CausalLMObjective:
         return _terms(logits, y, -100, label_smoothing)
 
 
-class MaskedLMObjective:
+class MaskedLMObjective(SampledObjective):
     """BERT's masked LM on random blocks of a :class:`TokenStream`.
 
     Each block is corrupted with :func:`attnlab.models.bert.mask_tokens` (15% selected; of those
-    80% ``[MASK]``, 10% random, 10% unchanged) using the trainer's generator, so masks are
+    80% ``[MASK]``, 10% random, 10% unchanged) using the stream's generator, so masks are
     reproducible and resumable. A batch is ``(inputs, targets)``, both ``(B, T)``.
 
     Args:
         data: the token stream. block_size: T.
         vocab_size, mask_id: of the model. special_ids: never selected. mask_prob: selection rate.
-
     """
 
     def __init__(
@@ -117,7 +251,7 @@ class MaskedLMObjective:
         self.vocab_size, self.mask_id, self.special_ids = vocab_size, mask_id, special_ids
         self.mask_prob, self.ignore_index = mask_prob, ignore_index
 
-    def batch(self, split: Split, batch_size: int, generator: torch.Generator) -> Any:
+    def sample(self, split: Split, batch_size: int, generator: torch.Generator) -> Any:
         ids = self.data.blocks(split, batch_size, self.block_size, generator)  # (B, T)
         return mask_tokens(
             ids,
@@ -141,8 +275,8 @@ class MaskedLMObjective:
         return _terms(logits, targets, self.ignore_index, label_smoothing)
 
 
-class ClassificationObjective:
-    """Image classification on an :class:`ArrayImageDataset` (ViT, or the CNN baseline).
+class ClassificationObjective(SampledObjective):
+    """Image classification on an :class:`ArrayImageDataset` (ViT, or a CNN baseline).
 
     A batch is ``(images (B, C, H, W), labels (B,))``; the model returns logits ``(B, K)``.
     """
@@ -150,7 +284,7 @@ class ClassificationObjective:
     def __init__(self, data: ArrayImageDataset) -> None:
         self.data = data
 
-    def batch(self, split: Split, batch_size: int, generator: torch.Generator) -> Any:
+    def sample(self, split: Split, batch_size: int, generator: torch.Generator) -> Any:
         return self.data.batch(split, batch_size, generator)
 
     def count(self, batch: Any) -> int:
@@ -162,6 +296,65 @@ class ClassificationObjective:
     def loss(self, model: nn.Module, batch: Any, *, label_smoothing: float) -> LossTerms:
         images, labels = batch
         return _terms(model(images), labels, -100, label_smoothing)
+
+
+class Seq2SeqBatch(NamedTuple):
+    """A padded batch of an encoder-decoder task.
+
+    Attributes:
+        src: ``(B, S)`` source ids. tgt: ``(B, T)`` decoder input (BOS + target[:-1]).
+        targets: ``(B, T)`` ids to predict (target + EOS), ``pad_id`` where padded.
+        src_mask: ``(B, S)`` bool, True for real source tokens.
+    """
+
+    src: Tensor
+    tgt: Tensor
+    targets: Tensor
+    src_mask: Tensor
+
+    def to(self, device: torch.device | str) -> Seq2SeqBatch:
+        """The same batch on ``device``."""
+        return Seq2SeqBatch(*(t.to(device) for t in self))
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.src.shape[0])
+
+
+class Seq2SeqObjective:
+    """Teacher-forced encoder-decoder training (§5): label-smoothed cross-entropy over the
+    non-pad target positions.
+
+    Args:
+        train_stream: ``(batch_size, seed) -> DataStream`` of :class:`Seq2SeqBatch` es.
+        val: the fixed validation batches.
+        pad_id: the padding id (ignored by the loss).
+    """
+
+    def __init__(
+        self,
+        train_stream: Callable[[int, int], DataStream],
+        val: Sequence[Seq2SeqBatch],
+        *,
+        pad_id: int,
+    ) -> None:
+        self._train_stream, self.val, self.pad_id = train_stream, list(val), pad_id
+
+    def train_stream(self, batch_size: int, seed: int) -> DataStream:
+        return self._train_stream(batch_size, seed)
+
+    def val_batches(self, batch_size: int, n_batches: int, seed: int) -> list[Any]:
+        return list(self.val)
+
+    def count(self, batch: Any) -> int:
+        return int((batch.targets != self.pad_id).sum())
+
+    def n_tokens(self, batch: Any) -> int:
+        return int(batch.src_mask.sum())
+
+    def loss(self, model: nn.Module, batch: Any, *, label_smoothing: float) -> LossTerms:
+        logits, _ = model(batch.src, batch.tgt, src_mask=batch.src_mask)  # (B, T, V)
+        return _terms(logits, batch.targets, self.pad_id, label_smoothing)
 
 
 @torch.no_grad()
@@ -181,10 +374,17 @@ def classification_accuracy(
 
 
 __all__ = [
+    "EVAL_SEED_OFFSET",
     "CausalLMObjective",
     "ClassificationObjective",
+    "DataStream",
+    "EpochStream",
     "LossTerms",
     "MaskedLMObjective",
     "Objective",
+    "SampledObjective",
+    "SampledStream",
+    "Seq2SeqBatch",
+    "Seq2SeqObjective",
     "classification_accuracy",
 ]

@@ -101,9 +101,42 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> Optimizer:
     if config.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=config.lr, momentum=config.betas[0])
     cls = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
-    if _can_fuse(groups):  # one kernel over all tensors: several times faster on CPU
-        return cls(groups, lr=config.lr, betas=config.betas, eps=config.adam_eps, fused=True)
-    return cls(groups, lr=config.lr, betas=config.betas, eps=config.adam_eps, foreach=False)
+    impl = optimizer_impl(groups, config.optimizer_impl)
+    kwargs = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
+    return cls(groups, lr=config.lr, betas=config.betas, eps=config.adam_eps, **kwargs)
+
+
+def optimizer_impl(groups: list[dict[str, Any]], asked: str) -> str:
+    """The Adam(W) implementation to use: ``"auto"`` picks ``fused`` (one kernel over all
+    tensors, several times faster on the CPU) where it applies, else ``for-loop``.
+
+    The implementations agree to rounding, not bitwise: one ulp of difference in the first
+    update is amplified by Adam on parameters whose gradient is only rounding noise (a key
+    projection's bias, whose exact gradient is 0), so a run reproduces another bitwise only
+    with the same implementation.
+
+    Raises:
+        ValueError: for ``fused`` where it does not apply, or an unknown name.
+    """
+    if asked not in ("auto", "fused", "foreach", "for-loop"):
+        raise ValueError(
+            f"optimizer_impl={asked!r} is not valid; choose auto, fused, foreach, for-loop"
+        )
+    if asked == "auto":
+        return "fused" if _can_fuse(groups) else "for-loop"
+    if asked == "fused" and not _can_fuse(groups):
+        raise ValueError(
+            "optimizer_impl='fused' needs plain float parameters on CPU or CUDA (sharded or "
+            "other tensors take 'for-loop' or 'foreach')"
+        )
+    return asked
+
+
+def describe_optimizer(optimizer: Optimizer) -> str:
+    """``"AdamW (fused)"``: the class and the implementation an optimizer runs."""
+    d = optimizer.defaults
+    impl = "fused" if d.get("fused") else "foreach" if d.get("foreach") else "for-loop"
+    return f"{type(optimizer).__name__} ({impl})"
 
 
 def _can_fuse(groups: list[dict[str, Any]]) -> bool:
@@ -136,4 +169,11 @@ def build_scheduler(optimizer: Optimizer, config: TrainConfig, *, d_model: int) 
     return lambda_lr(optimizer, schedule)
 
 
-__all__ = ["build_optimizer", "build_scheduler", "classify_parameters", "parameter_groups"]
+__all__ = [
+    "build_optimizer",
+    "build_scheduler",
+    "classify_parameters",
+    "describe_optimizer",
+    "optimizer_impl",
+    "parameter_groups",
+]

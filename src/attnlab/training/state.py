@@ -1,16 +1,9 @@
-"""Resumable training checkpoints: model + config + optimizer/scheduler/RNG/data-position state.
+"""Trainer state on disk: everything but the weights that resuming needs, as JSON + safetensors.
 
-Layout of a run directory::
-
-    runs/<name>/
-      train_config.json          the TrainConfig (and the recipe's extras)
-      metrics.jsonl              one JSON object per logged step or evaluation
-      checkpoints/
-        step_00000100/           model.safetensors + config.json (attnlab.training.checkpoint)
-                                 trainer_state.safetensors (every tensor: optimizer moments,
-                                   RNG states as uint8, ...) + trainer_state.json (the rest:
-                                   step, scheduler, best loss, ... with references to tensors)
-        latest                   the name of the newest complete checkpoint
+A checkpoint directory (:mod:`attnlab.training.rundir`) holds the model files and
+``trainer_state.safetensors`` (every tensor: optimizer moments, RNG states as uint8, ...) +
+``trainer_state.json`` (the rest: step, scheduler, data position, best score, ... with
+references to the tensors).
 
 No pickle is written or read: the state is split by :func:`flatten_state` into plain JSON and a
 flat ``{name: tensor}`` dict, and put back together by :func:`unflatten_state`. The JSON encodes
@@ -20,11 +13,8 @@ for dicts whose keys are not all strings (a torch optimizer's integer parameter 
 could be mistaken for a tag. Names of tensors are their paths in the state (``optimizer/state/
 layers.0.ffn.up_proj.weight/exp_avg``).
 
-Atomicity: a checkpoint is written into its own new directory (every file through a temporary
-file, fsync and ``os.replace``), and only then is ``latest`` replaced, the same way. A process
-killed at any point leaves ``latest`` naming the previous, complete checkpoint (and possibly
-temporary files, which :meth:`attnlab.training.Trainer.resume` removes). Older checkpoints beyond
-``keep`` are deleted after the pointer moves.
+Versions: 2 stores the data position under ``"data"``; version 1 (attnlab 0.1) kept the data
+generator in ``rng["data"]`` and is read as version 2.
 """
 
 from __future__ import annotations
@@ -33,52 +23,35 @@ import json
 import math
 import os
 import random
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file
 from torch import Tensor, nn
 
-from attnlab.io import _write_temp, fsync_dir, write_files_together
-from attnlab.pretrained import WEIGHTS_NAME, save_pretrained
+from attnlab.io import read_json, write_files_together
+from attnlab.pretrained import WEIGHTS_NAME
 
 STATE_NAME = "trainer_state.json"
 STATE_TENSORS_NAME = "trainer_state.safetensors"
 STATE_FORMAT = "attnlab-trainer-state"
-STATE_VERSION = 1
-LATEST_NAME = "latest"
-CHECKPOINTS_DIR = "checkpoints"
+STATE_VERSION = 2
 
 _TAGS = ("__tensor__", "__tuple__", "__float__", "__dict__")
 
 
-def _step_dir(step: int) -> str:
-    return f"step_{step:08d}"
+def rng_state() -> dict[str, Any]:
+    """The global RNG states a resumed run needs: torch's (dropout) and Python's."""
+    return {"torch": torch.get_rng_state(), "python": random.getstate()}
 
 
-def checkpoint_path(run_dir: str | os.PathLike[str], step: int) -> Path:
-    """The directory the checkpoint of ``step`` of ``run_dir`` has (or would have)."""
-    return Path(run_dir) / CHECKPOINTS_DIR / _step_dir(step)
-
-
-def rng_state(data_generator: torch.Generator) -> dict[str, Any]:
-    """The RNG states a resumed run needs: torch's global one (dropout), Python's, and the data
-    generator's (the data position)."""
-    return {
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "data": data_generator.get_state(),
-    }
-
-
-def set_rng_state(state: dict[str, Any], data_generator: torch.Generator) -> None:
+def set_rng_state(state: Mapping[str, Any]) -> None:
     """Restore what :func:`rng_state` captured."""
     torch.set_rng_state(state["torch"])
     random.setstate(_to_tuple(state["python"]))
-    data_generator.set_state(state["data"])
 
 
 def _to_tuple(x: Any) -> Any:
@@ -167,33 +140,10 @@ def _hashable(key: Any) -> Any:
 # -- writing and reading ------------------------------------------------------------------------
 
 
-def save_training_checkpoint(
-    run_dir: str | os.PathLike[str],
-    model: nn.Module,
-    state: dict[str, Any],
-    *,
-    keep: int = 2,
-    model_state: dict[str, Tensor] | None = None,
-) -> Path:
-    """Write ``model`` and the trainer ``state`` (must hold ``"step"``) as a new checkpoint of
-    ``run_dir``, point ``latest`` at it, and prune all but the ``keep`` newest.
-
-    Args:
-        run_dir: the run directory.
-        model: the model (unwrapped: it must carry ``.config``).
-        state: the trainer state (:meth:`attnlab.training.Trainer.state_dict`).
-        keep: how many checkpoints to keep.
-        model_state: the weights to write instead of ``model.state_dict()`` (the full state
-            dict gathered from a sharded model).
-
-    Returns:
-        The new checkpoint directory.
-    """
-    root = Path(run_dir) / CHECKPOINTS_DIR
-    root.mkdir(parents=True, exist_ok=True)
-    directory = checkpoint_path(run_dir, int(state["step"]))
-    save_pretrained(model, directory, state_dict=model_state)
-    data, tensors = flatten_state(state)
+def write_training_state(directory: str | os.PathLike[str], state: Mapping[str, Any]) -> None:
+    """Write ``state`` into ``directory`` as ``trainer_state.json`` + ``.safetensors`` (both
+    complete before either replaces an old file)."""
+    data, tensors = flatten_state(dict(state))
     text = json.dumps(
         {"format": STATE_FORMAT, "version": STATE_VERSION, "state": data},
         indent=1, allow_nan=False,
@@ -207,44 +157,15 @@ def save_training_checkpoint(
 
     write_files_together(directory, {STATE_TENSORS_NAME: write_tensors, STATE_NAME: write_json})
 
-    def write_pointer(path: str) -> None:
-        Path(path).write_text(directory.name + "\n", encoding="utf-8")
-
-    pointer = _write_temp(root, LATEST_NAME, write_pointer)
-    os.replace(pointer, root / LATEST_NAME)
-    fsync_dir(root)
-    _prune(root, keep=keep, current=directory.name)
-    return directory
-
-
-def _prune(root: Path, *, keep: int, current: str) -> None:
-    steps = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
-    newer_first = [p for p in reversed(steps) if p.name <= current]
-    for old in newer_first[keep:]:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def latest_checkpoint(path: str | os.PathLike[str]) -> Path | None:
-    """The newest complete checkpoint directory of a run directory (or of a checkpoint
-    directory itself, returned as is); ``None`` when there is none."""
-    path = Path(path)
-    if (path / WEIGHTS_NAME).is_file():
-        return path
-    pointer = path / CHECKPOINTS_DIR / LATEST_NAME
-    if not pointer.is_file():
-        return None
-    directory = path / CHECKPOINTS_DIR / pointer.read_text().strip()
-    complete = all((directory / n).is_file() for n in (STATE_NAME, STATE_TENSORS_NAME))
-    return directory if complete else None
-
 
 def read_training_state(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The trainer state stored in ``checkpoint_dir`` (tensors on the CPU).
+    """The trainer state stored in ``checkpoint_dir`` (tensors on the CPU), as version 2.
 
     Raises:
         FileNotFoundError: if a state file is missing (``trainer_state.pt`` files of older
             versions are not read).
-        ValueError: for a state file that is not attnlab's format.
+        ValueError: for a state file that is not attnlab's format, or a damaged tensor file
+            (each naming the file).
     """
     directory = Path(checkpoint_dir)
     for name in (STATE_NAME, STATE_TENSORS_NAME):
@@ -254,18 +175,29 @@ def read_training_state(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any
             )
             raise FileNotFoundError(f"no {name} in {directory}{old}")
     file = directory / STATE_NAME
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{file} is not valid JSON: {e}") from None
-    if not isinstance(data, dict) or data.get("format") != STATE_FORMAT:
+    data = read_json(file, what="trainer state", expect=dict)
+    if data.get("format") != STATE_FORMAT:
         raise ValueError(f"{file} is not an attnlab trainer state (format {STATE_FORMAT!r})")
-    if data.get("version") != STATE_VERSION:
-        raise ValueError(f"{file} has version {data.get('version')}; expected {STATE_VERSION}")
-    state: dict[str, Any] = unflatten_state(
-        data["state"], load_file(directory / STATE_TENSORS_NAME)
-    )
+    version = data.get("version")
+    if version not in (1, STATE_VERSION):
+        raise ValueError(f"{file} has version {version!r}; expected 1 or {STATE_VERSION}")
+    tensors = load_tensors(directory / STATE_TENSORS_NAME)
+    state: dict[str, Any] = unflatten_state(data["state"], tensors)
+    if version == 1:  # the data generator lived in the RNG states
+        state["data"] = {"generator": state["rng"].pop("data")}
     return state
+
+
+def load_tensors(file: str | os.PathLike[str]) -> dict[str, Tensor]:
+    """Every tensor of a safetensors file.
+
+    Raises:
+        ValueError: for a file that is truncated or not safetensors (naming it).
+    """
+    try:
+        return load_file(file)
+    except (SafetensorError, OSError, RuntimeError) as e:
+        raise ValueError(f"{file} is not a readable safetensors file: {e}") from None
 
 
 def load_training_state(checkpoint_dir: str | os.PathLike[str], model: nn.Module) -> dict[str, Any]:
@@ -273,27 +205,28 @@ def load_training_state(checkpoint_dir: str | os.PathLike[str], model: nn.Module
     trainer state (:func:`read_training_state`).
 
     Raises:
-        FileNotFoundError: if the weights or a state file are missing.
+        FileNotFoundError: if the weights or a state file are missing. ValueError: for a
+        damaged file.
     """
     directory = Path(checkpoint_dir)
     state = read_training_state(directory)
     device = next(iter(model.parameters())).device
-    load_model(model, directory / WEIGHTS_NAME, strict=True, device=str(device))
+    try:
+        load_model(model, directory / WEIGHTS_NAME, strict=True, device=str(device))
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{directory / WEIGHTS_NAME} is not readable: {e}") from None
     return state
 
 
 __all__ = [
-    "CHECKPOINTS_DIR",
-    "LATEST_NAME",
     "STATE_NAME",
     "STATE_TENSORS_NAME",
-    "checkpoint_path",
     "flatten_state",
-    "latest_checkpoint",
+    "load_tensors",
     "load_training_state",
     "read_training_state",
     "rng_state",
-    "save_training_checkpoint",
     "set_rng_state",
     "unflatten_state",
+    "write_training_state",
 ]

@@ -4,10 +4,11 @@ The reverse task is the "first end-to-end run" of the encoder-decoder Transforme
 files, seeded with a ``torch.Generator``, and learnable in a couple of minutes on a CPU. A sample
 is a random sequence ``x_1 .. x_L`` of content tokens; the model must output ``x_L .. x_1``.
 
-Batch layout (special ids follow :class:`attnlab.models.TransformerConfig`: pad 0, BOS 1, EOS 2,
-content tokens from 3)::
+Batch layout (:class:`~attnlab.training.objectives.Seq2SeqBatch`; special ids follow
+:class:`attnlab.models.TransformerConfig`: pad 0, BOS 1, EOS 2, content tokens from 3)::
 
     src      x_1 .. x_L EOS pad ..       (B, L_max + 1)   encoder input
+    src_mask True .. True False ..       (B, L_max + 1)   real source tokens
     tgt      BOS x_L .. x_1 pad ..       (B, L_max + 1)   decoder input (teacher forcing)
     targets  x_L .. x_1 EOS pad ..       (B, L_max + 1)   what the decoder must predict
 
@@ -24,33 +25,17 @@ Shapes: B batch, L sequence length, N number of sequences.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
 
+from attnlab.training.objectives import Seq2SeqBatch
+
 Split = Literal["train", "heldout"]
 
 _HASH_MOD = 2**31 - 1  # a Mersenne prime: keeps every intermediate product inside int64
 _HASH_MUL = 1_000_003
-
-
-@dataclass(frozen=True)
-class Seq2SeqBatch:
-    """One padded batch: ``src`` ``(B, S)``, ``tgt`` ``(B, T)`` (BOS + target), ``targets``
-    ``(B, T)`` (target + EOS), all ``int64`` and padded with the pad id."""
-
-    src: Tensor
-    tgt: Tensor
-    targets: Tensor
-
-    def to(self, device: torch.device | str) -> Seq2SeqBatch:
-        """The same batch on ``device``."""
-        return Seq2SeqBatch(self.src.to(device), self.tgt.to(device), self.targets.to(device))
-
-    def __len__(self) -> int:
-        return self.src.shape[0]
 
 
 class ReverseTask:
@@ -213,7 +198,7 @@ class ReverseTask:
         targets = torch.cat([reversed_, pad_col], 1).masked_fill(is_eos, self.eos_id)  # (N, L+1)
         bos_col = torch.full((N, 1), self.bos_id, dtype=torch.int64)
         tgt = torch.cat([bos_col, reversed_], 1)  # (N, L+1)
-        return Seq2SeqBatch(src, tgt, targets)
+        return Seq2SeqBatch(src, tgt, targets, src != self.pad_id)
 
 
 __all__ = ["ReverseTask", "Seq2SeqBatch", "Split"]

@@ -1,14 +1,22 @@
-"""The trainer: accumulation, clipping, schedules, evaluation, early stopping, checkpoints, resume.
+"""The trainer: the one training loop of attnlab, for every recipe.
 
-One update (a *step*) draws ``grad_accum`` micro-batches, normalises their summed losses by the
-total number of loss terms (so k micro-batches equal one k-times batch exactly), clips the
-global gradient norm, steps the optimizer and the schedule. Evaluation runs every
-``eval_every`` steps on the same fixed validation batches; with ``early_stopping`` the run stops
-after that many evaluations without a new best.
+One update (a *step*) draws ``grad_accum`` micro-batches from the objective's data stream,
+normalises their summed losses by the total number of loss terms (so k micro-batches equal one
+k-times batch exactly), clips the global gradient norm, steps the optimizer and the schedule.
+Evaluation runs every ``eval_every`` steps and when the run stops, on the objective's fixed
+validation batches, plus the metrics of the :class:`Callback` s (exact match, BLEU, ...); the best
+``best_metric`` so far drives early stopping and, with ``save_best``, the ``best/`` model. The
+run stops at the first budget reached (``steps``, ``max_minutes`` of training time summed over
+sessions, ``max_epochs``). Checkpoints (:mod:`attnlab.training.rundir`) are written every
+``checkpoint_every`` steps / ``checkpoint_every_minutes`` and at the end; with
+``average_last`` the last checkpoints are averaged into ``averaged/`` (§6.1) and evaluated.
 
-Determinism on CPU: the data generator (the data position) and torch's global RNG (dropout) are
-seeded from ``config.seed``; a checkpoint stores both, plus the optimizer and scheduler states,
-so ``fit(resume=True)`` continues bitwise as the uninterrupted run would.
+Determinism on CPU: the data stream (its position), torch's global RNG (dropout) and Python's
+are seeded from ``config.seed``; a checkpoint stores them with the optimizer and scheduler
+states, so ``fit(resume=True)`` continues bitwise as the uninterrupted run would. A resume uses
+the newest checkpoint that loads, falling back to older ones (with a warning) when one is
+damaged, and never starts over in a directory that has checkpoints. A non-finite training loss
+stops the run with :class:`NonFiniteLossError` before anything is written.
 
 Distributed (under torchrun, :mod:`attnlab.training.distributed`): the trainer wraps the model
 (DDP, or FSDP2 with ``config.fsdp``), every process draws the same global micro-batches and
@@ -19,36 +27,26 @@ same for any number of processes (full weights, optimizer state keyed by paramet
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
-from tqdm.auto import tqdm
 
-from attnlab.io import atomic_write_text, remove_stale_temp_files
-from attnlab.pretrained import WEIGHTS_NAME, with_tied_names
+from attnlab.training.checkpointing import TrainerCheckpoints
 from attnlab.training.config import TrainConfig
 from attnlab.training.data import shard_batch
 from attnlab.training.distributed import (
     DistributedContext,
-    all_gather_stack,
     all_reduce_sum,
     any_rank,
-    barrier,
-    broadcast_state,
     current_context,
-    full_model_state_dict,
-    full_optimizer_state_dict,
     gradient_sync,
-    load_full_optimizer_state_dict,
-    load_full_state,
     move_to,
     parallelize,
     rank_seed,
@@ -57,30 +55,53 @@ from attnlab.training.distributed import (
 from attnlab.training.metrics import MetricsLogger
 from attnlab.training.objectives import Objective
 from attnlab.training.optim import build_optimizer, build_scheduler
-from attnlab.training.state import (
-    CHECKPOINTS_DIR,
-    checkpoint_path,
-    latest_checkpoint,
-    read_training_state,
-    rng_state,
-    save_training_checkpoint,
-    set_rng_state,
-)
+from attnlab.training.progress import Progress
+from attnlab.training.rundir import RunDir
 
-EVAL_SEED_OFFSET = 1_000_003  # validation batches use their own fixed generator
+
+class NonFiniteLossError(ValueError):
+    """The training loss became NaN or infinite; nothing of that step was saved."""
+
+
+class Callback:
+    """Extra evaluation of a recipe (override what you need)."""
+
+    def metrics(
+        self, trainer: Trainer, model: nn.Module, base: dict[str, float]
+    ) -> dict[str, float]:
+        """Validation metrics of ``model`` besides ``base`` (``val_loss``, ``val_accuracy``);
+        names without the ``val_`` prefix."""
+        return {}
 
 
 @dataclass
 class FitResult:
-    """What :meth:`Trainer.fit` did."""
+    """What :meth:`Trainer.fit` did.
 
-    step: int  # optimizer updates done in total (resumed ones included)
-    losses: list[float] = field(default_factory=list)  # train loss per step of this call
-    evals: list[dict[str, float]] = field(default_factory=list)  # this call's evaluations
-    best_val_loss: float = math.inf
-    stopped_early: bool = False
+    Attributes:
+        step: optimizer updates done in total (resumed ones included).
+        losses: training loss per step of this call. evals: this call's evaluations.
+        stopped_by: the budget that ended the run (``"steps"``, ``"minutes"``, ``"epochs"``),
+            ``"early_stopping"``, or ``None`` (interrupted with ``until``).
+        seconds: this call's wall time. elapsed_s: training time in total.
+        final: evaluations of the models made at the end (``"averaged"``).
+    """
+
+    step: int
+    losses: list[float] = field(default_factory=list)
+    evals: list[dict[str, float]] = field(default_factory=list)
+    best_value: float | None = None
+    best_step: int | None = None
+    stopped_by: str | None = None
     seconds: float = 0.0
+    elapsed_s: float = 0.0
     checkpoint: Path | None = None
+    final: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def stopped_early(self) -> bool:
+        """Whether the run ended before its step budget."""
+        return self.stopped_by not in ("steps", None)
 
 
 class Trainer:
@@ -88,18 +109,17 @@ class Trainer:
 
     Args:
         model: any module the objective knows how to call; build it under your seed.
-        objective: :class:`~attnlab.training.objectives.Objective` (batches + summed loss).
+        objective: :class:`~attnlab.training.objectives.Objective` (data stream + summed loss).
         config: the :class:`TrainConfig`.
-        run_dir: where ``metrics.jsonl`` and checkpoints go; ``None`` writes nothing.
+        run_dir: where ``metrics.jsonl``, checkpoints and exports go; ``None`` writes nothing.
+        callbacks: extra evaluation metrics (:class:`Callback`).
         d_model: the width the Noam schedule needs (default ``model.config.d_model``).
-        extra_config: JSON-ready extras stored next to the config (recipe, model config, ...).
         distributed: the processes to train over (default: the initialised process group's,
             :func:`~attnlab.training.distributed.current_context`; a single process if none).
-            With more than one, ``model`` is wrapped (DDP, or FSDP2 when ``config.fsdp``);
-            every process must build the trainer with the same model, data and config.
 
     Raises:
-        ValueError: if the world size does not divide ``config.batch_size``.
+        ValueError: if the world size does not divide ``config.batch_size``, or Noam without a
+            ``d_model``.
     """
 
     def __init__(
@@ -108,16 +128,15 @@ class Trainer:
         objective: Objective,
         config: TrainConfig,
         *,
-        run_dir: str | os.PathLike[str] | None = None,
+        run_dir: str | os.PathLike[str] | RunDir | None = None,
+        callbacks: Sequence[Callback] = (),
         d_model: int | None = None,
-        extra_config: dict[str, Any] | None = None,
         distributed: DistributedContext | None = None,
     ) -> None:
         self.dist = distributed if distributed is not None else current_context()
         config.per_rank_batch_size(self.dist.world_size)  # raises early if not divisible
-        self.objective, self.config = objective, config
-        self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.extra_config = dict(extra_config or {})
+        self.objective, self.config, self.callbacks = objective, config, list(callbacks)
+        self.run = run_dir if isinstance(run_dir, RunDir) or run_dir is None else RunDir(run_dir)
         if d_model is None:
             d_model = getattr(getattr(unwrap_model(model), "config", None), "d_model", None)
         if config.schedule == "noam" and d_model is None:
@@ -129,10 +148,13 @@ class Trainer:
         self.device = self.dist.device if self.dist.enabled or first is None else first.device
         self.optimizer = build_optimizer(model, config)
         self.scheduler = build_scheduler(self.optimizer, config, d_model=d_model or 1)
-        self.generator = torch.Generator().manual_seed(config.seed)
-        self.step = 0
-        self.best_val_loss = math.inf
+        self.stream = objective.train_stream(config.batch_size, config.seed)
+        self.step, self.elapsed, self.tokens = 0, 0.0, 0
+        self.best_value: float | None = None
+        self.best_step: int | None = None
         self.evals_since_best = 0
+        self.checkpoints = TrainerCheckpoints(self)
+        self._val: list[Any] | None = None
 
     # -- one update ------------------------------------------------------------------------
 
@@ -142,13 +164,15 @@ class Trainer:
 
     def train_step(self) -> tuple[float, int, float]:
         """One optimizer update; returns ``(loss, tokens, grad norm before clipping)``, all
-        over the whole global batch (summed over the processes)."""
+        over the whole global batch (summed over the processes).
+
+        Raises:
+            NonFiniteLossError: when the loss is NaN or infinite (the update is not applied).
+        """
         c, world = self.config, self.dist.world_size
         self.model.train()
         # every process draws the same global micro-batches, so counts are global for free
-        micro = [
-            self.objective.batch("train", c.batch_size, self.generator) for _ in range(c.grad_accum)
-        ]
+        micro = [self.stream.next_batch() for _ in range(c.grad_accum)]
         total = sum(self.objective.count(b) for b in micro)
         self.optimizer.zero_grad(set_to_none=True)
         loss_value = 0.0
@@ -161,222 +185,194 @@ class Trainer:
                 # DDP and FSDP average gradients over the processes; the loss sums over them
                 (loss * world if world > 1 else loss).backward()
             loss_value += loss.item()
+        if world > 1:
+            loss_value = all_reduce_sum([loss_value], self.dist)[0]
+        if not math.isfinite(loss_value):
+            raise NonFiniteLossError(
+                f"the training loss is {loss_value} at step {self.step + 1}; stopped before "
+                "applying it (nothing of this step was saved). Lower lr, enable clipping "
+                "(clip_grad_norm) or warmup, or check the data and init_std"
+            )
         grad_norm = clip_gradients(self.model, c.clip_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        if world > 1:
-            loss_value = all_reduce_sum([loss_value], self.dist)[0]
         return loss_value, sum(self.objective.n_tokens(b) for b in micro), grad_norm
 
+    # -- evaluation ------------------------------------------------------------------------
+
+    def val_batches(self) -> list[Any]:
+        """The objective's fixed validation batches (drawn once, kept)."""
+        if self._val is None:
+            c = self.config
+            self._val = self.objective.val_batches(c.batch_size, c.eval_batches, c.seed)
+        return self._val
+
     @torch.no_grad()
-    def evaluate(self, n_batches: int | None = None) -> dict[str, float]:
-        """Mean validation loss (no label smoothing) and accuracy over fixed batches (each
-        process evaluates its slice of every batch; the sums are reduced over them)."""
-        c = self.config
-        was_training = self.module.training
-        self.module.eval()
-        generator = torch.Generator().manual_seed(c.seed + EVAL_SEED_OFFSET)
+    def evaluate(
+        self, n_batches: int | None = None, *, model: nn.Module | None = None
+    ) -> dict[str, float]:
+        """``val_loss`` (no label smoothing), ``val_accuracy`` and the callbacks' metrics of
+        ``model`` (default: the model trained), each process on its slice of every batch."""
+        module = self.module if model is None else model
+        was_training = module.training
+        module.eval()
         loss_sum, count, correct = 0.0, 0, 0
-        for _ in range(n_batches or c.eval_batches):
-            batch = self._local(self.objective.batch("val", c.batch_size, generator))
-            terms = self.objective.loss(self.module, batch, label_smoothing=0.0)
+        batches = self.val_batches()
+        for batch in batches[:n_batches] if n_batches is not None else batches:
+            terms = self.objective.loss(module, self._local(batch), label_smoothing=0.0)
             loss_sum += float(terms.loss_sum)
             count += terms.count
             correct += terms.correct
-        self.module.train(was_training)
         if self.dist.enabled:
             loss_sum, n, right = all_reduce_sum([loss_sum, count, correct], self.dist)
             count, correct = round(n), round(right)
-        return {"val_loss": loss_sum / max(count, 1), "val_accuracy": correct / max(count, 1)}
+        out = {"val_loss": loss_sum / max(count, 1), "val_accuracy": correct / max(count, 1)}
+        for callback in self.callbacks:
+            extra = callback.metrics(self, module, dict(out))
+            out.update({f"val_{k}": v for k, v in extra.items()})
+        module.train(was_training)
+        return out
 
-    # -- checkpoints -----------------------------------------------------------------------
+    def _evaluate(self, result: FitResult, log: MetricsLogger | None) -> bool:
+        """Evaluate, log, track the best (exporting it); returns whether early stopping fires."""
+        metrics = self.evaluate()
+        result.evals.append({"step": self.step, **metrics})
+        if log is not None:
+            log.log(_record("val", self.step, self.elapsed, metrics))
+        c = self.config
+        value = metrics.get(c.best_metric)
+        if value is None:
+            raise ValueError(f"best_metric={c.best_metric!r} is not measured; have {list(metrics)}")
+        better = self.best_value is None or (
+            value < self.best_value if c.best_mode == "min" else value > self.best_value
+        )
+        if better:
+            self.best_value, self.best_step, self.evals_since_best = value, self.step, 0
+            if c.save_best:
+                self.checkpoints.export("best", self.module, metrics)
+        else:
+            self.evals_since_best += 1
+        return c.early_stopping is not None and self.evals_since_best >= c.early_stopping
+
+    # -- checkpoints (attnlab.training.checkpointing) -------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything but the weights that resuming needs: step, optimizer state (full, keyed by
-        parameter name), scheduler, RNG states (data position, and every process's global RNG),
-        early-stopping counters; plus the world size and config, for the record.
-
-        Distributed: every process must call it (it gathers); rank 0's is complete.
-        """
-        rng = rng_state(self.generator)
-        if self.dist.enabled:
-            rng["torch_by_rank"] = all_gather_stack(torch.get_rng_state(), self.dist)
-        if self.device.type == "cuda":
-            rng["cuda_by_rank"] = all_gather_stack(torch.cuda.get_rng_state(self.device), self.dist)
-        return {
-            "step": self.step,
-            "optimizer": full_optimizer_state_dict(self.model, self.optimizer),
-            "scheduler": self.scheduler.state_dict(),
-            "rng": rng,
-            "best_val_loss": self.best_val_loss,
-            "evals_since_best": self.evals_since_best,
-            "world_size": self.dist.world_size,
-            "train_config": self.config.to_dict(),
-        }
+        """Everything but the weights that resuming needs (see :class:`TrainerCheckpoints`)."""
+        return self.checkpoints.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (every process passes the whole state)."""
-        load_full_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
-        self._load_rest(state)
-
-    def _load_rest(self, state: dict[str, Any]) -> None:
-        self.step = int(state["step"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        rng, rank = state["rng"], self.dist.rank
-        set_rng_state(rng, self.generator)
-        by_rank = rng.get("torch_by_rank")
-        if by_rank is not None and rank < len(by_rank):
-            torch.set_rng_state(by_rank[rank].clone())
-        elif rank > 0:  # more processes than the checkpoint's run had: fresh, derived streams
-            torch.manual_seed(rank_seed(self.config.seed, rank, self.step))
-        cuda = rng.get("cuda_by_rank")
-        if self.device.type == "cuda" and cuda is not None and rank < len(cuda):
-            torch.cuda.set_rng_state(cuda[rank].clone(), self.device)
-        self.best_val_loss = float(state["best_val_loss"])
-        self.evals_since_best = int(state["evals_since_best"])
+        """Restore :meth:`state_dict`."""
+        self.checkpoints.load_state_dict(state)
 
     def save(self) -> Path:
-        """Write a checkpoint of the current step to ``run_dir`` (rank 0 writes; in a
-        distributed run every process must call it, and all return once it is complete).
-
-        Raises:
-            ValueError: without a ``run_dir``.
-        """
-        if self.run_dir is None:
-            raise ValueError("Trainer was built without run_dir; nowhere to save")
-        weights = full_model_state_dict(self.model) if self.dist.enabled else None
-        state = self.state_dict()
-        directory = checkpoint_path(self.run_dir, self.step)
-        if self.dist.is_main:
-            directory = save_training_checkpoint(
-                self.run_dir, self.module, state, keep=self.config.keep_checkpoints,
-                model_state=weights,
-            )  # fmt: skip
-        barrier(self.dist)
-        return directory
+        """Write a checkpoint of the current step to the run directory."""
+        return self.checkpoints.save()
 
     def resume(self) -> bool:
-        """Load the newest checkpoint of ``run_dir`` if there is one; returns whether it did.
-
-        Distributed: rank 0 reads it and broadcasts it (weights and optimizer state re-sharded
-        for FSDP), so the checkpoint may come from any number of processes.
-        """
-        found = None
-        if self.dist.is_main and self.run_dir is not None:
-            # temporary files of writes a kill interrupted (never used: nothing else writes here)
-            remove_stale_temp_files(self.run_dir / CHECKPOINTS_DIR)
-            remove_stale_temp_files(self.run_dir, recursive=False)
-            found = latest_checkpoint(self.run_dir)
-        if not any_rank(found is not None, self.dist):
-            return False
-        weights: dict[str, Any] | None = None
-        state: dict[str, Any] = {}
-        if found is not None:
-            state = read_training_state(found)
-            weights = with_tied_names(load_file(found / WEIGHTS_NAME), self.module)
-        optimizer = state.pop("optimizer", None)
-        load_full_state(self.model, self.optimizer, weights, optimizer, self.dist)
-        self._load_rest(broadcast_state(state, self.dist))
-        return True
-
-    def _write_config(self) -> None:
-        if self.run_dir is None:
-            raise ValueError("the trainer has no run directory to write its config to")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        data = {"train": self.config.to_dict(), **self.extra_config}
-        atomic_write_text(self.run_dir / "train_config.json", json.dumps(data, indent=2) + "\n")
+        """Load the newest checkpoint that loads; returns whether one was loaded."""
+        return self.checkpoints.resume()
 
     # -- the loop --------------------------------------------------------------------------
 
+    def _budget_hit(self) -> str | None:
+        c = self.config
+        if c.steps is not None and self.step >= c.steps:
+            return "steps"
+        # every process must take the same branch, so "timed out" is decided together
+        timed = c.max_minutes is not None and self.elapsed >= 60 * c.max_minutes
+        if any_rank(timed, self.dist):
+            return "minutes"
+        epoch = self.stream.epoch
+        if c.max_epochs is not None and epoch is not None and epoch >= c.max_epochs:
+            return "epochs"
+        return None
+
     def fit(self, *, resume: bool = False, until: int | None = None) -> FitResult:
-        """Train to ``config.steps`` (or to step ``until``, checkpointing there: an interrupted
-        run), evaluating, logging and checkpointing on the way.
+        """Train until a budget is reached (or until step ``until``, checkpointing there: an
+        interrupted run), evaluating, logging and checkpointing on the way.
 
         Args:
-            resume: first load the newest checkpoint of ``run_dir`` (no checkpoint: start fresh).
+            resume: first load the newest checkpoint of the run directory that loads (none
+                yet: start fresh; damaged ones are skipped with a warning).
+
+        Raises:
+            NonFiniteLossError: when the loss becomes NaN or infinite.
+            RunDirError: when resuming a directory whose checkpoints all fail to load.
         """
         c, main = self.config, self.dist.is_main
+        if c.max_epochs is not None and self.stream.epoch is None:
+            raise ValueError("max_epochs needs a recipe whose data has epochs; use steps")
         if self.step == 0:  # a fresh run; a resumed or continued one keeps its RNG state
             torch.manual_seed(rank_seed(c.seed, self.dist.rank))
         was_deterministic = torch.are_deterministic_algorithms_enabled()
         warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
         if c.deterministic:  # restored when fit returns
             torch.use_deterministic_algorithms(True, warn_only=True)
-        resumed = resume and self.resume()
+        resumed = resume and self.checkpoints.resume()
         log = None
-        if self.run_dir is not None and main:  # only rank 0 writes files
-            self._write_config()
-            log = MetricsLogger(
-                self.run_dir, tensorboard=c.tensorboard, resume_step=self.step if resumed else None
-            )
-        end = min(c.steps, until) if until is not None else c.steps
-        deadline = None if c.max_minutes is None else time.monotonic() + 60 * c.max_minutes
+        if self.run is not None and main:  # only rank 0 writes files
+            log = MetricsLogger(self.run.path, tensorboard=c.tensorboard,
+                                resume_step=self.step if resumed else None)  # fmt: skip
         result = FitResult(step=self.step)
-        start = last_log = time.monotonic()
-        tokens_since_log, saved_step = 0, -1
-        bar = tqdm(
-            total=end,
-            initial=self.step,
-            desc="train",
-            unit="step",
-            disable=not (c.progress and main),
-        )
         try:
-            while self.step < end:
-                lr = self.optimizer.param_groups[0]["lr"]
-                loss, tokens, grad_norm = self.train_step()
-                result.losses.append(loss)
-                tokens_since_log += tokens
-                bar.update(1)
-                if self.step % c.log_every == 0 or self.step == end:
-                    now = time.monotonic()
-                    tok_s = tokens_since_log / max(now - last_log, 1e-9)
-                    last_log, tokens_since_log = now, 0
-                    bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:.0f}")
-                    if log is not None:
-                        log.log({"step": self.step, "train_loss": loss, "lr": lr,
-                                 "grad_norm": grad_norm, "tokens_per_s": tok_s,
-                                 "elapsed_s": now - start})  # fmt: skip
-                # every process must take the same branch, so "timed out" is decided together
-                timed_out = deadline is not None and any_rank(
-                    time.monotonic() > deadline, self.dist
-                )
-                eval_now = (c.eval_every and self.step % c.eval_every == 0) or self.step == c.steps
-                if eval_now and self._evaluate(result, log):
-                    result.stopped_early = True
-                if (
-                    self.run_dir is not None
-                    and c.checkpoint_every
-                    and self.step % c.checkpoint_every == 0
-                ):
-                    result.checkpoint, saved_step = self.save(), self.step
-                if result.stopped_early or timed_out:
-                    result.stopped_early = True
-                    break
+            self._loop(result, log, until)
         finally:
-            bar.close()
             if log is not None:
                 log.close()
             torch.use_deterministic_algorithms(was_deterministic, warn_only=warn_only)
-        if self.run_dir is not None and saved_step != self.step:
-            result.checkpoint = self.save()
-        result.step, result.best_val_loss = self.step, self.best_val_loss
-        result.seconds = time.monotonic() - start
+        result.step, result.elapsed_s = self.step, self.elapsed
+        result.best_value, result.best_step = self.best_value, self.best_step
         return result
 
-    def _evaluate(self, result: FitResult, log: MetricsLogger | None) -> bool:
-        """Evaluate, log, track the best; returns whether early stopping triggers."""
-        metrics = self.evaluate()
-        result.evals.append({"step": self.step, **metrics})
-        if log is not None:
-            log.log({"step": self.step, **metrics})
-        if metrics["val_loss"] < self.best_val_loss:
-            self.best_val_loss, self.evals_since_best = metrics["val_loss"], 0
-        else:
-            self.evals_since_best += 1
-        patience = self.config.early_stopping
-        return patience is not None and self.evals_since_best >= patience
+    def _loop(self, result: FitResult, log: MetricsLogger | None, until: int | None) -> None:
+        c, start = self.config, time.monotonic()
+        base, saved_step, saved_at = self.elapsed, -1, self.elapsed
+        stopped = self._budget_hit()
+        progress = Progress(c, self.stream, initial_step=self.step, initial_s=self.elapsed,
+                            enabled=c.progress and self.dist.is_main)  # fmt: skip
+        last_log, tokens_since_log = time.monotonic(), 0
+        with progress:
+            while stopped is None and (until is None or self.step < until):
+                lr = self.optimizer.param_groups[0]["lr"]
+                loss, tokens, grad_norm = self.train_step()
+                self.elapsed, self.tokens = base + time.monotonic() - start, self.tokens + tokens
+                result.losses.append(loss)
+                tokens_since_log += tokens
+                progress.update(self.step, self.elapsed, loss=loss, lr=lr)
+                stopped = self._budget_hit()
+                if self.step % c.log_every == 0 or stopped is not None or self.step == until:
+                    now = time.monotonic()
+                    tok_s = tokens_since_log / max(now - last_log, 1e-9)
+                    last_log, tokens_since_log = now, 0
+                    if log is not None:
+                        log.log(_record("train", self.step, self.elapsed, {
+                            "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": self.tokens,
+                            "tokens_per_s": tok_s, "epoch": self.stream.epoch}))  # fmt: skip
+                if (c.eval_every and self.step % c.eval_every == 0) or stopped is not None:
+                    if self._evaluate(result, log):
+                        stopped = "early_stopping"
+                    self.elapsed = base + time.monotonic() - start
+                minutes = c.checkpoint_every_minutes
+                due = (c.checkpoint_every and self.step % c.checkpoint_every == 0) or (
+                    minutes is not None and self.elapsed - saved_at >= 60 * minutes
+                )
+                if self.run is not None and due and stopped is None:
+                    result.checkpoint, saved_step = self.checkpoints.save(), self.step
+                    saved_at = self.elapsed
+        result.stopped_by, result.seconds = stopped, time.monotonic() - start
+        if self.run is not None and saved_step != self.step:
+            result.checkpoint = self.checkpoints.save()
+        if stopped is not None:
+            last = {k: v for k, v in (result.evals[-1] if result.evals else {}).items()}
+            last.pop("step", None)
+            result.final = self.checkpoints.finish(log, last)
+
+
+def _record(split: str, step: int, elapsed: float, values: dict[str, Any]) -> dict[str, Any]:
+    """A metrics line (``val_`` prefixes dropped, ``None`` values left out)."""
+    body = {k.removeprefix("val_"): v for k, v in values.items() if v is not None}
+    return {"split": split, "step": step, **body, "elapsed_s": round(elapsed, 3)}
 
 
 def clip_gradients(model: nn.Module, max_norm: float | None) -> float:
@@ -394,4 +390,4 @@ def clip_gradients(model: nn.Module, max_norm: float | None) -> float:
     return float(full() if full is not None else norm)
 
 
-__all__ = ["FitResult", "Trainer", "clip_gradients"]
+__all__ = ["Callback", "FitResult", "NonFiniteLossError", "Trainer", "clip_gradients"]

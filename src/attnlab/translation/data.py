@@ -32,7 +32,7 @@ import hashlib
 import logging
 import os
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnlab.io import _write_temp, fsync_dir
+from attnlab.io import atomic_write_bytes, data_dirs, find_data_file
 from attnlab.translation.tokenizer import TranslationTokenizer
 
 logger = logging.getLogger(__name__)
@@ -64,16 +64,22 @@ MULTI30K_SHA256 = {
 
 
 def resolve_data_dir(path: str | os.PathLike[str] | None) -> Path:
-    """``path``, or ``$ATTNLAB_DATA/multi30k`` when ``path`` is ``None``.
+    """``path``, or ``multi30k/`` in the data folders (:func:`attnlab.io.data_dirs`) when
+    ``path`` is ``None``.
 
     Raises:
-        FileNotFoundError: if the directory does not exist (or neither is given).
+        FileNotFoundError: if the directory does not exist (or none is found), saying where
+            it was looked for.
     """
     if path is None:
-        root = os.environ.get(DATA_ENV)
-        if not root:
-            raise FileNotFoundError(f"no data directory given: pass --data DIR or set ${DATA_ENV}")
-        path = Path(root) / "multi30k"
+        found = find_data_file("multi30k")
+        if found is None:
+            searched = ", ".join(str(d) for d in data_dirs())
+            raise FileNotFoundError(
+                f"no multi30k/ folder in the data folders ({searched}): pass --data DIR, set "
+                f"${DATA_ENV}, or fetch the files with attnlab.translation.download_multi30k(DIR)"
+            )
+        path = found
     directory = Path(path)
     if not directory.is_dir():
         raise FileNotFoundError(
@@ -149,13 +155,6 @@ def load_pairs(
     return pairs if limit is None else pairs[:limit]
 
 
-def _bytes_writer(data: bytes) -> Callable[[str], None]:
-    def write(path: str) -> None:
-        Path(path).write_bytes(data)
-
-    return write
-
-
 def download_multi30k(
     directory: str | os.PathLike[str],
     *,
@@ -180,9 +179,7 @@ def download_multi30k(
             digest = hashlib.sha256(data).hexdigest()
             if name in MULTI30K_SHA256 and digest != MULTI30K_SHA256[name]:
                 raise ValueError(f"{name}: sha256 {digest} differs from the expected one")
-            tmp = _write_temp(out, name, _bytes_writer(data))
-            os.replace(tmp, out / name)
-            fsync_dir(out)
+            atomic_write_bytes(out / name, data)
     return out
 
 

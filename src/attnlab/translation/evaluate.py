@@ -13,76 +13,17 @@ Shapes: B sentences per batch, S source length, N new tokens.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from attnlab.generation.generate import generate
-from attnlab.io import read_json
 from attnlab.models.transformer import EncoderDecoderTransformer
-from attnlab.pretrained import WEIGHTS_NAME, load_attnlab
-from attnlab.translation.checkpoints import EXPORTS, INFO_NAME
 from attnlab.translation.tokenizer import TranslationTokenizer
 
 EXTRA_OUTPUT_TOKENS = 50  # §6.1: maximum output length = input length + 50
-
-
-@dataclass(frozen=True)
-class Translator:
-    """A loaded model directory: the model (eval mode), its tokenizer and ``translation.json``."""
-
-    model: EncoderDecoderTransformer
-    tokenizer: TranslationTokenizer
-    info: dict[str, Any]
-    path: Path
-
-
-def resolve_model_dir(path: str | os.PathLike[str], checkpoint: str | None = None) -> Path:
-    """The model directory to load: ``path`` itself when it holds weights, else its
-    ``checkpoint`` sub-directory (default: the first of averaged, best, last that exists).
-
-    Raises:
-        FileNotFoundError: if ``path`` is missing or holds no model.
-        ValueError: for an unknown ``checkpoint`` name.
-    """
-    root = Path(path)
-    if not root.is_dir():
-        raise FileNotFoundError(f"model directory {root} does not exist")
-    if checkpoint is not None and checkpoint not in EXPORTS:
-        raise ValueError(f"checkpoint={checkpoint!r} is not valid; choose one of {list(EXPORTS)}")
-    if checkpoint is None and (root / WEIGHTS_NAME).is_file():
-        return root
-    for name in [checkpoint] if checkpoint else EXPORTS:
-        if (root / name / WEIGHTS_NAME).is_file():
-            return root / name
-    wanted = checkpoint or " / ".join(EXPORTS)
-    raise FileNotFoundError(f"{root} holds no model ({WEIGHTS_NAME}, or {wanted}/{WEIGHTS_NAME})")
-
-
-def load_translator(path: str | os.PathLike[str], checkpoint: str | None = None) -> Translator:
-    """Load a model directory written by ``attnlab train translate`` (see
-    :func:`resolve_model_dir`).
-
-    Raises:
-        FileNotFoundError: for a missing directory, weights or tokenizer.
-        ValueError: if the model is not an encoder-decoder or the tokenizer does not fit it.
-    """
-    directory = resolve_model_dir(path, checkpoint)
-    model = load_attnlab(directory)
-    if not isinstance(model, EncoderDecoderTransformer):
-        raise ValueError(f"{directory} holds a {type(model).__name__}, not a translation model")
-    tokenizer = TranslationTokenizer.load(directory)
-    if tokenizer.vocab_size != model.config.vocab_size:
-        raise ValueError(
-            f"tokenizer has {tokenizer.vocab_size} ids but the model {model.config.vocab_size}"
-        )
-    info_file = directory / INFO_NAME
-    info = read_json(info_file) if info_file.is_file() else {}
-    return Translator(model, tokenizer, info, directory)
 
 
 @torch.no_grad()
@@ -184,12 +125,4 @@ def score_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> BleuScor
     )
 
 
-__all__ = [
-    "EXTRA_OUTPUT_TOKENS",
-    "BleuScores",
-    "Translator",
-    "load_translator",
-    "resolve_model_dir",
-    "score_bleu",
-    "translate",
-]
+__all__ = ["EXTRA_OUTPUT_TOKENS", "BleuScores", "score_bleu", "translate"]

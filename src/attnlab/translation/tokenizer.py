@@ -128,10 +128,20 @@ class TranslationTokenizer:
         return cls(_tokenizers().Tokenizer.from_file(str(file)))
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write ``tokenizer.json`` into directory ``path`` (created) atomically; returns it."""
+        """Write the tokenizer atomically to ``path`` (a ``.json`` file), or to
+        ``tokenizer.json`` in the directory ``path`` (created); returns the file."""
         from attnlab.io import atomic_write_text
 
-        return atomic_write_text(Path(path) / TOKENIZER_NAME, self._tok.to_str(pretty=True))
+        target = Path(path)
+        file = target if target.suffix == ".json" else target / TOKENIZER_NAME
+        return atomic_write_text(file, self._tok.to_str(pretty=True))
+
+    def token_id(self, token: str) -> int:
+        """The id of ``token`` (``KeyError`` if absent)."""
+        i = self._tok.token_to_id(token)
+        if i is None:
+            raise KeyError(token)
+        return int(i)
 
     @property
     def vocab_size(self) -> int:
@@ -157,8 +167,9 @@ class TranslationTokenizer:
         encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
         return [list(e.ids) for e in encs]
 
-    def decode(self, ids: Iterable[int]) -> str:
-        """Plain text of ``ids``: stops at the first EOS, drops pad/BOS/unk."""
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        """Plain text of ``ids``: stops at the first EOS, drops pad/BOS/unk (always: the
+        argument is accepted for the common tokenizer interface)."""
         kept: list[int] = []
         for i in ids:
             i = int(i)

@@ -218,7 +218,7 @@ def _seq2seq(
     target_ids: Sequence[int] | None,
     max_new_tokens: int,
 ) -> AttentionMaps:
-    from attnlab.generation.greedy import greedy_decode
+    from attnlab.generation.generate import generate
 
     c = model.config
     device = next(model.parameters()).device
@@ -226,7 +226,7 @@ def _seq2seq(
     _check_ids(src_ids, c.vocab_size)
     src = torch.tensor([src_ids], device=device)  # (1, S)
     if target is None and target_ids is None:
-        out = greedy_decode(model, src, max_len=max_new_tokens)[0].tolist()
+        out = generate(model, src, max_new_tokens=max_new_tokens)[0].tolist()
         if out and out[-1] == c.eos_id:
             out = out[:-1]
         target_ids = out

@@ -1,0 +1,178 @@
+"""``attnlab generate``: text (or token ids) from a model or run directory, streamed as it comes.
+
+    attnlab generate MODEL_DIR --prompt "Once upon a time" --max-new-tokens 64
+    attnlab generate runs/shakespeare-char --prompt "ROMEO:" --temperature 0.8 --seed 0
+    attnlab generate MODEL_DIR --prompt "..." --num-beams 4 --num-return-sequences 2
+    attnlab generate MODEL_DIR --ids 5,17,42 --max-new-tokens 16     # no tokenizer
+
+``MODEL_DIR`` is anything :func:`attnlab.from_pretrained` loads (attnlab's format or a Hugging
+Face directory), or a run directory of ``attnlab train`` (its newest checkpoint). With a
+tokenizer (the directory's ``tokenizer.json``, the run's, or ``--tokenizer``), ``--prompt`` is
+text and the output is streamed token by token (one prompt, greedy or sampling); without one,
+prompts are ids (``--ids``, repeatable) and ids are printed. Any of
+``--temperature/--top-k/--top-p/--min-p`` switches sampling on (``--temperature 0``: greedy).
+For an encoder-decoder model the prompt is the source. A long generation slides its context
+like nanoGPT (``--context``); the decoding flags are :mod:`attnlab.cli.decoding`'s. A run whose
+estimated memory (weights, KV cache, prefill, decoding copies) exceeds the available RAM exits
+with status 2, unless ``--ignore-memory-check`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from attnlab.cli.common import check_device, fail, guarded
+from attnlab.cli.decoding import add_decoding_arguments, context_message, decoding_config, ids
+from attnlab.generation import ContextLengthError, GenerationConfig
+
+
+def add_parser(commands: Any) -> None:
+    """The ``generate`` command."""
+    p = commands.add_parser(
+        "generate",
+        help="generate text from a model or run (greedy, sampling or beam search)",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    p.add_argument("model", help="model directory (attnlab or Hugging Face) or run directory")
+    src = p.add_argument_group("prompt")
+    src.add_argument("--prompt", action="append", help="prompt text (repeat for a batch)")
+    src.add_argument("--ids", type=ids, action="append", help="prompt token ids, e.g. 1,2,3")
+    src.add_argument("--tokenizer", help="tokenizer.json (default: the model's or run's, if any)")
+    add_decoding_arguments(p, max_new_tokens=64, temperature=None, seed=None)
+    p.add_argument("--no-stream", action="store_true", help="print only at the end")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto")
+    p.add_argument(
+        "--ignore-memory-check",
+        action="store_true",
+        help="generate even if the memory estimate exceeds the available RAM",
+    )
+    p.set_defaults(func=guarded("attnlab generate", run_generate))
+
+
+def resolve(path: str, tokenizer: str | None) -> tuple[Path, Any]:
+    """The model directory of a model/run directory and its tokenizer (``None`` without one)."""
+    from attnlab.tokenizers import load_tokenizer
+    from attnlab.training.rundir import find_tokenizer, resolve_model_directory
+
+    directory = resolve_model_directory(path)
+    tok_file = Path(tokenizer) if tokenizer is not None else find_tokenizer(directory)
+    return directory, (load_tokenizer(tok_file) if tok_file is not None else None)
+
+
+def _stream_text(
+    model: Any, tokenizer: Any, prompt: list[int], config: GenerationConfig, generator: Any,
+    echo: bool,
+) -> None:  # fmt: skip
+    """Print the text as it is produced. Each step decodes the whole sequence (after the echoed
+    prompt, if any) and prints what is new, so spaces between pieces and characters spread
+    over several tokens come out right."""
+    from attnlab.generation import stream
+
+    prefix = list(prompt) if echo else []
+    shown = tokenizer.decode(prefix, skip_special_tokens=True) if prefix else ""
+    sys.stdout.write(shown)
+    out = prefix
+    for step in stream(model, [prompt], config, generator=generator):
+        out.append(int(step.tokens[0]))
+        text = tokenizer.decode(out, skip_special_tokens=True)
+        if text.startswith(shown):  # otherwise wait: a piece is still being merged
+            sys.stdout.write(text[len(shown) :])
+            sys.stdout.flush()
+            shown = text
+    sys.stdout.write("\n")
+
+
+def _check_memory(
+    directory: Path, device: str, prompts: list[list[int]], config: GenerationConfig
+) -> None:
+    """Refuse before loading when the weights, KV cache and prefill cannot fit in RAM (an attnlab
+    config is estimated in full; a Hugging Face one by its weight files' size)."""
+    from attnlab.analysis.memory_check import MemoryEstimate, check_fits, estimate_generation
+    from attnlab.interop.hf import read_config
+    from attnlab.models import config_from_json_dict
+    from attnlab.pretrained import is_attnlab_config
+    from attnlab.transforms.decode_weights import copy_numel
+
+    data = read_config(directory)
+    if is_attnlab_config(data):
+        model_config = config_from_json_dict(data)
+        estimate = estimate_generation(
+            model_config, batch=len(prompts), prompt_len=max(1, *map(len, prompts)),
+            max_new_tokens=config.max_new_tokens,
+            num_beams=max(config.num_beams, config.num_return_sequences),
+            decode_copy_numel=copy_numel(model_config) if device.startswith("cpu") else 0,
+        )  # fmt: skip
+    else:
+        files = [f for f in directory.iterdir() if f.suffix in (".safetensors", ".bin")]
+        estimate = MemoryEstimate(
+            f"loading {directory}", {"weights": sum(f.stat().st_size for f in files)}
+        )
+    check_fits(estimate)
+
+
+def _prompts(args: argparse.Namespace, tokenizer: Any) -> list[list[int]]:
+    if args.prompt and args.ids:
+        fail("pass --prompt or --ids, not both")
+    if args.prompt:
+        if tokenizer is None:
+            fail(f"no tokenizer.json for {args.model}: pass --tokenizer, or token ids (--ids)")
+        prompts = [tokenizer.encode(text) for text in args.prompt]
+        empty = [repr(t) for t, p in zip(args.prompt, prompts, strict=True) if not p]
+        if empty:
+            fail(f"--prompt {empty[0]} has no tokens: give some text to continue")
+        return prompts
+    if args.ids:
+        return [list(i) for i in args.ids]
+    fail("pass --prompt TEXT or --ids 1,2,3")
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    """``attnlab generate``: 0, or 2 with one ``error:`` line on bad input."""
+    import attnlab
+    from attnlab.generation import beam_search, generate
+    from attnlab.generation.request import resolve_eos
+
+    config, generator = decoding_config(args)
+    device = check_device(args.device)
+    directory, tokenizer = resolve(args.model, args.tokenizer)
+    prompts = _prompts(args, tokenizer)
+    if not args.ignore_memory_check:
+        _check_memory(directory, device, prompts, config)
+    model = attnlab.from_pretrained(directory, device=device)
+    if not isinstance(model, attnlab.GPT | attnlab.EncoderDecoderTransformer):
+        fail(f"{args.model} holds a {type(model).__name__}, which does not generate")
+    eos = set(resolve_eos(model, config.eos_ids))
+
+    def show(row: list[int]) -> str:
+        if tokenizer is None:
+            return " ".join(map(str, row))
+        return str(tokenizer.decode(row, skip_special_tokens=True))
+
+    def label(i: int, n: int) -> str:
+        return f"[{i}] " if n > 1 else ""
+
+    try:
+        if config.num_beams != 1:
+            out = beam_search(model, prompts, config)
+            rows = out.sequences.tolist()
+            for i, (seq, n) in enumerate(zip(rows, out.lengths.tolist(), strict=True)):
+                print(f"{label(i, len(rows))}score={float(out.scores[i]):.4f}  {show(seq[:n])}")
+            return 0
+        one = len(prompts) == 1 and config.num_return_sequences == 1
+        if tokenizer is not None and one and not args.no_stream:
+            echo = isinstance(model, attnlab.GPT)
+            _stream_text(model, tokenizer, prompts[0], config, generator, echo)
+            return 0
+        rows = generate(model, prompts, config, generator=generator).tolist()
+    except ContextLengthError as e:
+        fail(context_message(e))
+    for i, row in enumerate(rows):
+        end = next((j + 1 for j, t in enumerate(row) if t in eos), len(row))  # through EOS
+        print(f"{label(i, len(rows))}{show(row[:end])}")
+    return 0
+
+
+__all__ = ["add_parser", "resolve", "run_generate"]

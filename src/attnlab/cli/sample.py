@@ -1,0 +1,58 @@
+"""``attnlab sample RUN_DIR --prompt TEXT``: sample text from a trained language-model run.
+
+``attnlab generate`` with a language model's defaults: 200 new tokens, sampled at temperature
+0.8 with a fixed seed (0), the prompt echoed, the context sliding past the model's
+``max_seq_len`` as nanoGPT's sampling does. The decoding flags are ``generate``'s
+(:mod:`attnlab.cli.decoding`); ``--greedy`` decodes by arg-max.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from attnlab.cli.common import fail, guarded
+from attnlab.cli.decoding import add_decoding_arguments, context_message, decoding_config
+from attnlab.generation import ContextLengthError
+
+
+def add_parser(commands: Any) -> None:
+    """The ``sample`` command."""
+    p = commands.add_parser(
+        "sample",
+        help="sample text from a trained language-model run",
+        description=__doc__.split("\n\n")[1] if __doc__ else None,
+    )
+    p.add_argument("run", help="run directory (runs/NAME), one of its checkpoints or exports")
+    p.add_argument("--prompt", default="\n", help="text to continue (default: a new line)")
+    add_decoding_arguments(p, max_new_tokens=200, temperature=None, seed=None)
+    p.set_defaults(func=guarded("attnlab sample", run_sample))
+
+
+def run_sample(args: argparse.Namespace) -> int:
+    """Print the prompt and its continuation."""
+    import attnlab
+    from attnlab.cli.generate import resolve
+    from attnlab.generation import generate
+
+    if not args.greedy and args.temperature is None and args.num_beams == 1:
+        args.temperature = 0.8  # sampling by default
+    config, generator = decoding_config(args, default_seed=0)
+    directory, tokenizer = resolve(args.run, None)
+    if tokenizer is None:
+        fail(f"{args.run} has no tokenizer.json: sample needs a language-model run")
+    model = attnlab.from_pretrained(directory)
+    if not isinstance(model, attnlab.GPT):
+        fail(f"{args.run} holds a {type(model).__name__}, not a language model (GPT)")
+    prompt = tokenizer.encode(args.prompt)
+    if not prompt:
+        fail("--prompt is empty: give at least one character to continue")
+    try:
+        out = generate(model, [prompt], config, generator=generator)
+    except ContextLengthError as e:
+        fail(context_message(e))
+    print(args.prompt + tokenizer.decode(out[0].tolist()))
+    return 0
+
+
+__all__ = ["add_parser", "run_sample"]

@@ -1,0 +1,42 @@
+"""Training recipes: data + objective (+ evaluation callbacks) + defaults that learn real data.
+
+Every recipe runs on the one :class:`~attnlab.training.Trainer` and writes the same run
+directory (:mod:`attnlab.training.rundir`):
+
+- ``reverse`` (:mod:`~attnlab.training.recipes.reverse`): the first end-to-end run;
+- ``shakespeare-char``, ``shakespeare-mlm`` (:mod:`~attnlab.training.recipes.text`);
+- ``digits`` (:mod:`~attnlab.training.recipes.images`);
+- ``translate`` (:mod:`~attnlab.training.recipes.translation`): Multi30k, the paper's task.
+
+:func:`prepare` makes one concrete (with ``--key=value`` overrides), :func:`load_run` rebuilds a
+trained run; a new task is a new module here registering a :class:`Recipe` in :data:`RECIPES`.
+"""
+
+from attnlab.training.recipes import images, reverse, text, translation
+from attnlab.training.recipes.base import (
+    RECIPES,
+    Data,
+    Prepared,
+    Recipe,
+    get_recipe,
+    load_run,
+    prepare,
+    save_run_files,
+)
+from attnlab.training.recipes.runner import train_recipe
+
+__all__ = [
+    "RECIPES",
+    "Data",
+    "Prepared",
+    "Recipe",
+    "get_recipe",
+    "images",
+    "load_run",
+    "prepare",
+    "reverse",
+    "save_run_files",
+    "text",
+    "train_recipe",
+    "translation",
+]

@@ -1,0 +1,136 @@
+"""Recipes on Tiny Shakespeare: a character-level GPT and a BERT masked LM.
+
+- ``shakespeare-char``: nanoGPT's "baby GPT" CPU setting (4 layers, 4 heads, d_model 128,
+  context 64, batch 12, dropout 0, 2000 iterations, AdamW lr 1e-3 with 100 warmup steps and
+  cosine decay to 1e-4). ``arch=modern`` swaps in RoPE, SwiGLU (d_ff 346, the same parameter
+  count) and RMSNorm, still pre-norm.
+- ``shakespeare-mlm``: a BERT masked LM on the same characters (plus [PAD], [CLS], [SEP],
+  [MASK]), BERT's 15% / 80-10-10 masking rule; the metric is masked-token accuracy.
+
+The text is the file ``data`` names, else Tiny Shakespeare from the data folders
+(:func:`attnlab.training.data.find_data_file`); ``tokenizer=bpe`` trains a byte-level BPE of
+``bpe_vocab_size`` on the training split instead of the characters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from attnlab.config import Config, check_positive, check_probability
+from attnlab.models.bert import BERTConfig
+from attnlab.models.gpt import GPTConfig
+from attnlab.tokenizers import BERT_SPECIALS, BPETokenizer, CharTokenizer, Tokenizer
+from attnlab.training.config import TrainConfig
+from attnlab.training.data import TokenStream, load_text
+from attnlab.training.objectives import CausalLMObjective, MaskedLMObjective, Objective
+from attnlab.training.recipes.base import RECIPES, Data, Recipe
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextOptions(Config):
+    """Data and architecture choices of the Shakespeare recipes."""
+
+    data: str | None = None  # a text file; None: Tiny Shakespeare from the data folders
+    tokenizer: Literal["char", "bpe"] = "char"
+    bpe_vocab_size: int = 512
+    val_fraction: float = 0.1  # the last 10% is the validation split (nanoGPT's)
+    arch: Literal["classic", "modern"] = "classic"  # modern: RoPE + SwiGLU + RMSNorm
+
+    def validate(self) -> None:
+        super().validate()
+        check_positive(bpe_vocab_size=self.bpe_vocab_size)
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MLMOptions(TextOptions):
+    """:class:`TextOptions` and BERT's selection rate."""
+
+    mask_prob: float = 0.15
+
+    def validate(self) -> None:
+        super().validate()
+        check_probability(mask_prob=self.mask_prob)
+
+
+def _text_data(
+    options: TextOptions, tokenizer: Tokenizer | None, specials: tuple[str, ...]
+) -> Data:
+    text, source = load_text(options.data)
+    if not text:
+        raise ValueError(f"{source} is empty: a language model needs text to learn from")
+    if tokenizer is None and options.tokenizer == "bpe":
+        n_train = int(len(text) * (1 - options.val_fraction))
+        tokenizer = BPETokenizer.train(
+            [text[:n_train]], vocab_size=options.bpe_vocab_size, specials=specials
+        )
+    elif tokenizer is None:
+        tokenizer = CharTokenizer.from_text(text, specials=specials)
+    stream = TokenStream(tokenizer.encode(text), val_fraction=options.val_fraction)
+    info = {"file": str(source), "characters": len(text), "tokens": len(stream)}
+    return Data(stream, tokenizer, info)
+
+
+def _gpt_config(options: Any, data: Data | None) -> GPTConfig:
+    vocab = data.tokenizer.vocab_size if data is not None and data.tokenizer else 65
+    base = GPTConfig(
+        vocab_size=vocab, d_model=128, n_heads=4, n_layers=4, d_ff=512, max_seq_len=64,
+        dropout=0.0, bias=False, activation="gelu", eos_id=None,
+    )  # fmt: skip
+    if options.arch == "modern":  # same parameter count: 3·E·346 ≈ 2·E·512 + the position table
+        base = dataclasses.replace(
+            base, pos_encoding="rope", activation="swiglu", norm="rmsnorm", d_ff=346
+        )
+    return base
+
+
+def _bert_config(options: Any, data: Data | None) -> BERTConfig:
+    vocab = data.tokenizer.vocab_size if data is not None and data.tokenizer else 69
+    base = BERTConfig(
+        vocab_size=vocab, d_model=128, n_heads=4, n_layers=4, d_ff=512, max_seq_len=64,
+        dropout=0.0, pooler=False, pad_id=0, cls_id=1, sep_id=2, mask_id=3, norm_eps=1e-5,
+    )  # fmt: skip
+    if options.arch == "modern":
+        base = dataclasses.replace(
+            base, pos_encoding="rope", activation="swiglu", norm="rmsnorm", d_ff=346,
+            norm_position="pre",
+        )  # fmt: skip
+    return base
+
+
+def _lm_objective(options: Any, config: Any, data: Data, train: TrainConfig) -> Objective:
+    return CausalLMObjective(data.value, block_size=config.max_seq_len)
+
+
+def _mlm_objective(options: Any, config: Any, data: Data, train: TrainConfig) -> Objective:
+    return MaskedLMObjective(
+        data.value, config.max_seq_len, vocab_size=config.vocab_size, mask_id=config.mask_id,
+        special_ids=config.special_ids, mask_prob=options.mask_prob,
+        ignore_index=config.ignore_index,
+    )  # fmt: skip
+
+
+LM_TRAIN = TrainConfig(
+    steps=2000, batch_size=12, optimizer="adamw", lr=1e-3, betas=(0.9, 0.99), adam_eps=1e-8,
+    weight_decay=0.1, schedule="cosine", warmup=100, min_lr_ratio=0.1, label_smoothing=0.0,
+    clip_grad_norm=1.0, eval_every=250, eval_batches=20, checkpoint_every=500,
+)  # fmt: skip
+
+SHAKESPEARE_CHAR = Recipe(
+    "shakespeare-char",
+    "character-level GPT on Tiny Shakespeare (nanoGPT's baby-GPT CPU setting)",
+    TextOptions(), LM_TRAIN, _gpt_config, lambda o, t, _: _text_data(o, t, ()), _lm_objective,
+)  # fmt: skip
+SHAKESPEARE_MLM = Recipe(
+    "shakespeare-mlm",
+    "BERT masked LM on Tiny Shakespeare characters (15% masked, 80/10/10)",
+    MLMOptions(), dataclasses.replace(LM_TRAIN, batch_size=32), _bert_config,
+    lambda o, t, _: _text_data(o, t, BERT_SPECIALS), _mlm_objective,
+)  # fmt: skip
+for _recipe in (SHAKESPEARE_CHAR, SHAKESPEARE_MLM):
+    RECIPES.add(_recipe.name, _recipe)
+
+__all__ = ["LM_TRAIN", "MLMOptions", "TextOptions"]

@@ -1,0 +1,311 @@
+"""Decode-time weight layout: faster copies of the projections that run once per token.
+
+Decoding is a chain of skinny matrix products (one row per sequence), each streaming a whole
+weight from memory, so the kernel's memory bandwidth decides the time per token. On the CPU
+this was measured on (2-core AMD EPYC, MKL and oneDNN as shipped in the torch 2.13 CPU wheel;
+``benchmarks/decode_kernels.py``, GPT-2-small shapes, weights streamed so none is served from
+cache), oneDNN's inner product on a *reordered* weight read the weights at 19-28 GB/s where
+``F.linear`` (MKL) read 7-18 GB/s: 20.2 vs 35.2 ms of products per token for 1 row, 22.9 vs
+57.4 ms for 8 rows. The reordered copy serves any number of rows (the reorder only takes the row
+count as a hint). Small weights are another matter: oneDNN's fixed cost per call outweighs the
+bandwidth (a d_model 128 GPT decoded 1.8x slower), so weights under :data:`ONEDNN_MIN_NUMEL`
+elements get an *input-major* copy instead (``(in, out)`` storage used through a transposed
+view; MKL's kernel for it beats ``nn.Linear``'s layout on wide matrices read by 1-2 rows).
+
+:func:`decode_layout` applies this from outside, for the duration of one decoding call, to a
+built model: every decoder self-attention gets its ``project_qkv`` replaced by one product on a
+stacked q/k/v copy, and every other projection of the decoder layers that runs per token
+(self-attention output, cross-attention query and output, the FFN's linears) and the LM head a
+``forward`` that uses its own copy — where a copy pays: always for weights of at least
+:data:`ONEDNN_MIN_NUMEL` elements (reordered), and for smaller ones (input-major) only the
+stacked q/k/v and the wide projections (``out > in``) when at most :data:`MAX_ROWS` rows are
+decoded. Afterwards the modules are as they were. Cross-attention keys/values are projected once
+per call from the encoder memory and keep the parameters. The parameters themselves are never
+touched (training, optimizer state and checkpoints see plain contiguous tensors), and a copy is
+used only while autograd is off and its sources are unchanged (:meth:`DecodeWeight.is_current`:
+same tensors, same storage, same in-place version), never with stale numbers.
+
+Making the copies costs one pass over the weights (~0.3 s for GPT-2 small), so they are kept with
+the model between calls and made again only for weights that changed since (a model being
+trained gets fresh ones at each sampling call); :func:`release_copies` frees them. The price is
+memory: about 1.0x the decoder's weights (~0.5 GB for GPT-2 small) from the first decoding call
+until the model goes or :func:`release_copies`; the memory check of ``attnlab generate`` counts
+them (:func:`copy_numel`). Models off the CPU, in another dtype than fp32, without oneDNN, or
+whose projections are not ``nn.Linear`` (e.g. quantized), decode with their own modules.
+
+Shapes: (..., in) -> (..., out).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.layers.blocks import DecoderLayer
+from attnlab.layers.multihead import MultiHeadAttention
+from attnlab.models import build_model
+
+
+def _stamps(linears: Sequence[nn.Linear]) -> tuple[tuple[int, int, int], ...]:
+    """(identity, storage address, in-place version) of every weight and bias."""
+    tensors = [t for lin in linears for t in (lin.weight, lin.bias) if t is not None]
+    # Inference tensors keep no version counter (they cannot be changed outside inference mode).
+    return tuple((id(t), t.data_ptr(), 0 if t.is_inference() else t._version) for t in tensors)
+
+
+ONEDNN_MIN_NUMEL = 1 << 18  # elements (1 MiB of fp32): smaller copies are input-major
+
+
+def reordering_available(weight: Tensor) -> bool:
+    """Whether :class:`DecodeWeight` can copy ``weight``: an fp32 CPU tensor with oneDNN present."""
+    return (
+        torch.backends.mkldnn.is_available()
+        and weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+    )
+
+
+@dataclass(frozen=True)
+class DecodeWeight:
+    """Weights (and biases) of one or more linears stacked along ``out``, in a decoding layout.
+
+    Calling it computes ``F.linear(x, stacked weight, stacked bias)`` (inference only: no
+    autograd): with oneDNN's inner product for a reordered copy, with MKL for an input-major one.
+
+    Attributes:
+        weight: ``(sum out, in)``: a oneDNN tensor (``is_mkldnn``) in the kernel's layout, or,
+            below :data:`ONEDNN_MIN_NUMEL` elements, an ``(in, sum out)`` buffer seen transposed
+            (strides ``(1, sum out)``).
+        bias: ``(sum out,)`` or ``None``.
+        sources: the layers copied; ``stamps``: their tensors' identity, storage and version at
+            copy time.
+    """
+
+    weight: Tensor
+    bias: Tensor | None
+    sources: tuple[nn.Linear, ...]
+    stamps: tuple[tuple[int, int, int], ...]
+
+    @classmethod
+    def stack(cls, linears: Sequence[nn.Linear], rows: int | None = None) -> DecodeWeight:
+        """Copy ``linears``' weights (same ``in_features``) stacked in order: reordered for
+        oneDNN, or input-major below :data:`ONEDNN_MIN_NUMEL` elements.
+
+        Args:
+            linears: the layers, fp32 on the CPU.
+            rows: the number of input rows expected (a layout hint; any number works).
+
+        Raises:
+            ValueError: if ``linears`` is empty, their input sizes differ, only some have a bias,
+                or a weight is not an fp32 CPU tensor (or oneDNN is missing).
+        """
+        if not linears:
+            raise ValueError("DecodeWeight.stack needs at least one linear layer")
+        if len({lin.in_features for lin in linears}) != 1:
+            sizes = [lin.in_features for lin in linears]
+            raise ValueError(f"stacked linears must share in_features, got {sizes}")
+        biases = [lin.bias for lin in linears]
+        if any(b is None for b in biases) and not all(b is None for b in biases):
+            raise ValueError("stacked linears must all have a bias or all have none")
+        bad = [lin.weight for lin in linears if not reordering_available(lin.weight)]
+        if bad:
+            raise ValueError(
+                "DecodeWeight needs fp32 CPU weights and oneDNN (torch.backends.mkldnn), got "
+                f"{bad[0].dtype} on {bad[0].device}"
+            )
+        with torch.no_grad():
+            weights = [lin.weight.detach() for lin in linears]
+            if sum(w.numel() for w in weights) >= ONEDNN_MIN_NUMEL:
+                stacked = weights[0] if len(weights) == 1 else torch.cat(weights)  # (out, in)
+                copy = torch.ops.mkldnn._reorder_linear_weight(stacked.contiguous(), rows)
+            else:
+                copy = torch.cat([w.t() for w in weights], dim=1).contiguous().t()
+            bias = None if biases[0] is None else torch.cat([b for b in biases if b is not None])
+        return cls(copy, bias, tuple(linears), _stamps(linears))
+
+    @property
+    def reordered(self) -> bool:
+        """True for a oneDNN copy, False for an input-major one."""
+        return bool(self.weight.is_mkldnn)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """x ``(..., in)`` -> ``(..., sum out)`` (no autograd)."""
+        if self.weight.is_mkldnn:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+    def is_current(self) -> bool:
+        """True while no source weight or bias has been replaced or modified in place."""
+        return _stamps(self.sources) == self.stamps
+
+
+MAX_ROWS = 2  # small (input-major) copies pay only for this many rows or fewer
+
+# model -> {self-attention or linear -> its copy}; an entry goes with its model.
+_COPIES: weakref.WeakKeyDictionary[nn.Module, dict[nn.Module, DecodeWeight]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _is_linear(m: object) -> bool:
+    return isinstance(m, nn.Linear)
+
+
+def _decoder_parts(model: nn.Module) -> tuple[list[MultiHeadAttention], list[nn.Linear]]:
+    """The self-attentions (stacked q/k/v) and other linears that run once per decoded token
+    (only plain ``nn.Linear`` projections: anything else, e.g. a quantized one, keeps running
+    as it is)."""
+    attentions: list[MultiHeadAttention] = []
+    candidates: list[object] = []
+    for module in model.modules():
+        if isinstance(module, DecoderLayer):
+            mha = module.self_attn
+            if all(_is_linear(p) for p in (mha.q_proj, mha.k_proj, mha.v_proj)):
+                attentions.append(mha)
+            candidates.append(mha.out_proj)
+            if module.cross_attn is not None:
+                candidates += [module.cross_attn.q_proj, module.cross_attn.out_proj]
+            candidates += list(module.ffn.modules())
+    candidates.append(getattr(model, "lm_head", None))
+    return attentions, [m for m in candidates if isinstance(m, nn.Linear)]
+
+
+def copy_numel(model: nn.Module | Any) -> int:
+    """Number of weight and bias elements :func:`decode_layout` may copy for ``model`` (at most;
+    any device, ``meta`` included), or for the model a config builds (built on ``meta``: free,
+    for estimates before building)."""
+    if not isinstance(model, nn.Module):
+        model = build_model(model, device="meta")
+    attentions, linears = _decoder_parts(model)
+    layers = [lin for mha in attentions for lin in (mha.q_proj, mha.k_proj, mha.v_proj)]
+    tensors = [t for lin in [*layers, *linears] for t in (lin.weight, lin.bias) if t is not None]
+    return sum(t.numel() for t in tensors)
+
+
+def _pays(linears: Sequence[nn.Linear], rows: int, stacked: bool) -> bool:
+    """Whether a copy of ``linears`` speeds up decoding ``rows`` rows (see the module doc)."""
+    if sum(lin.weight.numel() for lin in linears) >= ONEDNN_MIN_NUMEL:
+        return True
+    wide = stacked or all(lin.out_features > lin.in_features for lin in linears)
+    return rows <= MAX_ROWS and wide
+
+
+def _current_copy(
+    copies: dict[nn.Module, DecodeWeight],
+    owner: nn.Module,
+    linears: Sequence[nn.Linear],
+    rows: int,
+) -> DecodeWeight:
+    """``owner``'s cached copy of ``linears``, made again if they changed since."""
+    old = copies.pop(owner, None)
+    if old is not None and old.sources == tuple(linears) and old.is_current():
+        copies[owner] = old
+    else:
+        del old  # free the stale copy before making the new one
+        copies[owner] = DecodeWeight.stack(linears, rows)
+    return copies[owner]
+
+
+@contextmanager
+def decode_layout(model: nn.Module, rows: int) -> Iterator[None]:
+    """Give ``model``'s per-token projections reordered copies for one decoding call.
+
+    The copies are kept with the model for the next call (made again only for weights that
+    changed); :func:`release_copies` frees them.
+
+    Args:
+        model: the model about to decode (its modules get copies; parameters are unchanged).
+        rows: how many rows are decoded together: decides which copies pay, and is a layout
+            hint for new reordered copies (which serve any number of rows). A model whose
+            weights are not fp32 on the CPU, or a torch without oneDNN, is left as it is.
+    """
+    attentions, linears = _decoder_parts(model)
+    weights = [lin.weight for lin in linears] + [m.q_proj.weight for m in attentions]
+    if not all(reordering_available(w) for w in weights):
+        attentions, linears = [], []
+    attentions = [m for m in attentions if _pays([m.q_proj, m.k_proj, m.v_proj], rows, True)]
+    linears = [lin for lin in linears if _pays([lin], rows, False)]
+    copies = _COPIES.setdefault(model, {}) if linears or attentions else {}
+    patched: list[tuple[nn.Module, str]] = []
+    try:
+        for mha in attentions:
+            qkv = [mha.q_proj, mha.k_proj, mha.v_proj]
+            _patch(mha, "project_qkv", _stacked_qkv(mha, _current_copy(copies, mha, qkv, rows)))
+            patched.append((mha, "project_qkv"))
+        for lin in linears:
+            _patch(lin, "forward", _copy_forward(lin, _current_copy(copies, lin, [lin], rows)))
+            patched.append((lin, "forward"))
+        yield
+    finally:
+        for module, name in patched:
+            module.__dict__.pop(name, None)  # back to the class's own method
+
+
+def _patch(module: nn.Module, name: str, method: Callable[..., object]) -> None:
+    """Shadow ``module``'s method ``name`` by an instance attribute (removed afterwards)."""
+    if name in module.__dict__:
+        raise RuntimeError(f"{type(module).__name__}.{name} is already replaced (nested layout?)")
+    module.__dict__[name] = method
+
+
+def _copy_forward(lin: nn.Linear, copy: DecodeWeight) -> Callable[[Tensor], Tensor]:
+    """``lin.forward`` on ``copy`` while it is current and autograd is off."""
+
+    def forward(x: Tensor) -> Tensor:
+        if not torch.is_grad_enabled() and copy.is_current():
+            return copy(x)
+        return F.linear(x, lin.weight, lin.bias)
+
+    forward.copy = copy  # type: ignore[attr-defined]  # for active_copy
+    return forward
+
+
+def _stacked_qkv(
+    mha: MultiHeadAttention, copy: DecodeWeight
+) -> Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]:
+    """``mha.project_qkv`` as one product on the stacked q/k/v ``copy`` (while current)."""
+    kv = mha.n_kv_heads * mha.d_head
+    q_proj, k_proj, v_proj = mha.q_proj, mha.k_proj, mha.v_proj
+
+    def project_qkv(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if not torch.is_grad_enabled() and copy.is_current():
+            q, k, v = copy(x).split((mha.n_heads * mha.d_head, kv, kv), dim=-1)
+            return q, k, v
+        return q_proj(x), k_proj(x), v_proj(x)
+
+    project_qkv.copy = copy  # type: ignore[attr-defined]  # for active_copy
+    return project_qkv
+
+
+def active_copy(module: nn.Module) -> DecodeWeight | None:
+    """The copy ``module`` (a linear, or a self-attention's stacked q/k/v) decodes with inside
+    :func:`decode_layout`, or ``None`` (outside it, or when no copy pays)."""
+    method = module.__dict__.get(
+        "project_qkv" if isinstance(module, MultiHeadAttention) else "forward"
+    )
+    copy = getattr(method, "copy", None)
+    return copy if isinstance(copy, DecodeWeight) else None
+
+
+def release_copies(model: nn.Module) -> None:
+    """Free the decoding copies kept for ``model`` (they are made again when needed)."""
+    _COPIES.pop(model, None)
+
+
+__all__ = [
+    "MAX_ROWS",
+    "ONEDNN_MIN_NUMEL",
+    "DecodeWeight",
+    "active_copy",
+    "copy_numel",
+    "decode_layout",
+    "release_copies",
+    "reordering_available",
+]

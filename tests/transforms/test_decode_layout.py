@@ -1,0 +1,193 @@
+"""decode_layout: reordered weight copies for decoding change speed, never results."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gc
+import importlib
+from contextlib import nullcontext
+
+import pytest
+import torch
+
+import attnlab
+from attnlab import GPT, GPTConfig
+from attnlab.generation import stream
+from attnlab.transforms import decode_weights as layout_module
+from attnlab.transforms.decode_weights import (
+    _COPIES,
+    MAX_ROWS,
+    active_copy,
+    copy_numel,
+    decode_layout,
+    release_copies,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def _all_large(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every weight count as large: reordered (oneDNN) copies, whatever the rows."""
+    monkeypatch.setattr(layout_module, "ONEDNN_MIN_NUMEL", 0)
+
+
+def _gpt(**overrides: object) -> GPT:
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        vocab_size=50,
+        d_model=32,
+        n_heads=4,
+        n_layers=2,
+        d_ff=64,
+        max_seq_len=64,
+        dropout=0.0,
+        eos_id=None,
+    )
+    model = GPT(dataclasses.replace(cfg, **overrides)).eval()  # type: ignore[arg-type]
+    with torch.no_grad():  # large weights: peaked next-token distributions, no near-ties
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.15)
+            else:  # biases and norm gains
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"n_kv_heads": 2, "pos_encoding": "rope", "activation": "swiglu", "bias": False}],
+)
+@pytest.mark.parametrize("large", [False, True])
+def test_logits_inside_equal_logits_outside(
+    overrides: dict[str, object], large: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if large:
+        _all_large(monkeypatch)
+    model = _gpt(**overrides)
+    ids = torch.randint(0, 50, (1, 7))
+    with torch.inference_mode():
+        expected, _ = model(ids)
+        with decode_layout(model, rows=1):
+            attn = model.layers[0].self_attn
+            assert active_copy(attn) is not None and active_copy(attn).is_current()
+            assert active_copy(model.lm_head) is not None  # wide: 32 -> 50
+            narrow = active_copy(model.layers[0].ffn.down_proj)  # 64 -> 32
+            assert (narrow is not None) == large  # small and narrow: no copy
+            assert (active_copy(model.layers[0].self_attn.out_proj) is not None) == large
+            assert active_copy(model.lm_head).reordered == large
+            assert active_copy(model.layers[0].self_attn.q_proj) is None  # stacked instead
+            got, _ = model(ids)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_encoder_decoder_copies_skip_the_memory_projections(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _all_large(monkeypatch)
+    torch.manual_seed(0)
+    model = attnlab.build_model("transformer-tiny").eval()
+    with decode_layout(model, rows=2):
+        layer = model.decoder.layers[0]
+        assert active_copy(layer.cross_attn.q_proj) is not None
+        assert active_copy(layer.cross_attn.out_proj) is not None
+        assert active_copy(layer.cross_attn.k_proj) is None  # run once on the memory
+        assert active_copy(layer.self_attn) is not None
+    with torch.device("meta"):
+        meta = attnlab.build_model("transformer-tiny")
+    copied = copy_numel(meta)
+    assert copied == copy_numel(model) and 0 < copied < sum(p.numel() for p in model.parameters())
+
+
+def test_parameters_are_untouched_and_copies_detached() -> None:
+    model = _gpt()
+    before = {n: (p.data_ptr(), p.stride(), p._version) for n, p in model.named_parameters()}
+    with decode_layout(model, rows=1):
+        pass
+    after = {n: (p.data_ptr(), p.stride(), p._version) for n, p in model.named_parameters()}
+    assert after == before
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert all(active_copy(m) is None for m in linears)
+    assert all(active_copy(layer.self_attn) is None for layer in model.layers)
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_many_rows_use_only_reordered_copies(large: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if large:
+        _all_large(monkeypatch)
+    model = _gpt()
+    ids = torch.randint(0, 50, (MAX_ROWS + 1, 7))
+    with torch.inference_mode():
+        expected, _ = model(ids)
+        with decode_layout(model, rows=MAX_ROWS + 1):
+            assert (active_copy(model.lm_head) is not None) == large
+            assert (active_copy(model.layers[0].self_attn) is not None) == large
+            got, _ = model(ids)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_models_off_fp32_get_no_copies() -> None:
+    model = _gpt().double()
+    with decode_layout(model, rows=1):
+        assert active_copy(model.lm_head) is None
+        assert active_copy(model.layers[0].self_attn) is None
+    assert model not in _COPIES
+
+
+def test_weights_changed_mid_stream_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copies made at the start of a stream are ignored once their weights change: the stream
+    continues exactly like one that never had copies."""
+    generate_module = importlib.import_module("attnlab.generation.generate")  # not the function
+    model = _gpt()
+    reference = copy.deepcopy(model)
+    ids = torch.randint(0, 50, (1, 5))
+    with_copies = stream(model, ids, max_new_tokens=3, eos_id=())
+    next(with_copies)  # the copies exist from here on
+    monkeypatch.setattr(generate_module, "decode_layout", lambda m, rows: nullcontext())
+    without = stream(reference, ids, max_new_tokens=3, eos_id=())
+    next(without)
+    assert active_copy(model.lm_head) is not None
+    with torch.no_grad():
+        for m in (model, reference):  # an optimizer step between two tokens
+            m.lm_head.weight.mul_(-1.0)
+            m.layers[0].ffn.up_proj.weight.add_(0.5)
+            m.layers[1].self_attn.k_proj.weight.mul_(2.0)
+    for a, b in zip(with_copies, without, strict=True):
+        torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=1e-5)
+
+
+def test_generate_few_rows_equals_many_rows() -> None:
+    """Rows decoded in a small batch get the tokens they get in a big one."""
+    model = _gpt()
+    ids = torch.randint(0, 50, (MAX_ROWS + 1, 6))
+    few = attnlab.generate(model, ids[:MAX_ROWS], max_new_tokens=16, eos_id=())
+    many = attnlab.generate(model, ids, max_new_tokens=16, eos_id=())
+    assert torch.equal(few, many[:MAX_ROWS])
+
+
+def test_copies_are_kept_between_calls_and_made_again_when_stale() -> None:
+    model = _gpt()
+    with decode_layout(model, rows=1):
+        head, qkv = active_copy(model.lm_head), active_copy(model.layers[0].self_attn)
+    with decode_layout(model, rows=1):
+        assert active_copy(model.lm_head) is head  # reused, not copied again
+        assert active_copy(model.layers[0].self_attn) is qkv
+    with torch.no_grad():
+        model.layers[0].self_attn.v_proj.bias.add_(1.0)  # e.g. a training step
+    with decode_layout(model, rows=1):
+        assert active_copy(model.lm_head) is head
+        fresh = active_copy(model.layers[0].self_attn)
+        assert fresh is not qkv and fresh is not None and fresh.is_current()
+    release_copies(model)
+    assert model not in _COPIES
+
+
+def test_copies_go_with_their_model() -> None:
+    model = _gpt()
+    with decode_layout(model, rows=1):
+        pass
+    assert len(_COPIES) >= 1 and model in _COPIES
+    n = len(_COPIES)
+    del model
+    gc.collect()
+    assert len(_COPIES) == n - 1
