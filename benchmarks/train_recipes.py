@@ -55,26 +55,15 @@ ROWS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def run_row(row: str, extra: dict[str, Any]) -> dict[str, Any]:
-    from attnlab.training.cli import mlm_fill_sample
+    from attnlab.cli.evaluate import mlm_fill_sample
     from attnlab.training.objectives import classification_accuracy
-    from attnlab.training.recipes import prepare, save_run_files
-    from attnlab.training.trainer import Trainer
+    from attnlab.training.recipes import train_recipe
 
     recipe, overrides = ROWS[row]
     overrides = {**overrides, "progress": False, **extra}
-    prepared = prepare(recipe, overrides)
     run_dir = RUNS / row
-    save_run_files(prepared, run_dir)
-    trainer = Trainer(
-        prepared.model,
-        prepared.objective,
-        prepared.train,
-        run_dir=run_dir,
-        d_model=getattr(prepared.model_config, "d_model", None),
-        extra_config=prepared.run_config(),
-    )
     start = time.perf_counter()
-    result = trainer.fit()
+    prepared, result = train_recipe(recipe, run_dir, overrides, overwrite=True)
     wall = time.perf_counter() - start
     final = result.evals[-1]
     record: dict[str, Any] = {
@@ -97,7 +86,7 @@ def run_row(row: str, extra: dict[str, Any]) -> dict[str, Any]:
     }
     if recipe == "digits":
         record["test_accuracy"] = round(
-            classification_accuracy(prepared.model, prepared.data, "test"), 4
+            classification_accuracy(prepared.model, prepared.data.value, "test"), 4
         )
     if recipe == "shakespeare-mlm":
         prepared.model.eval()
@@ -143,12 +132,14 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="override KEY=VALUE")
     args = parser.parse_args()
     os.environ.setdefault("ATTNLAB_DATA", str(ROOT.parent.parent / "shared" / "data"))
-    from attnlab.training.cli import parse_overrides
-    from attnlab.training.recipes import field_types
+    from attnlab.cli.overrides import parse_overrides
+    from attnlab.cli.train import recipe_types
+    from attnlab.training.recipes import get_recipe
 
     out = RESULTS / "train_recipes.json"
     for row in args.rows:
-        extra = parse_overrides([f"--{s}" for s in args.set], field_types(ROWS[row][0]))
+        types = recipe_types(get_recipe(ROWS[row][0]))
+        extra = parse_overrides([f"--{s}" for s in args.set], types)
         record = run_row(row, extra)
         print(json.dumps({k: v for k, v in record.items() if k != "sample"}), flush=True)
         records = json.loads(out.read_text()) if out.is_file() else []  # other processes' rows

@@ -88,11 +88,11 @@ def train(run: Path, data: Path, minutes: float, extra: list[str], resume: bool)
         "command": command,
         "sessions": [x.get("command", "") for x in info.get("sessions", [])],
         "process_seconds": round(seconds, 1),
-        "train_seconds": last["seconds"],
+        "train_seconds": last["elapsed_s"],
         "steps": last["step"],
         "epochs": round(last["epoch"], 2),
-        "target_tokens": last["tokens"],
-        "n_params": info["model"]["n_params"],
+        "source_tokens": last["tokens"],
+        "n_params": info["n_params"],
         "model": {
             k: info["model"][k]
             for k in (
@@ -105,11 +105,11 @@ def train(run: Path, data: Path, minutes: float, extra: list[str], resume: bool)
                 "max_seq_len",
             )
         },
-        "config": info["config"],
-        "train_pairs": info["train_pairs"],
-        "train_dropped": info["train_dropped"],
+        "config": {"options": info["options"], "train": info["train"]},
+        "train_pairs": info["data"]["train_pairs"],
+        "train_dropped": info["data"]["train_dropped"],
         "val_curve": [
-            {k: r[k] for k in ("step", "val_loss", "val_bleu") if k in r}
+            {k: r[k] for k in ("step", "loss", "bleu") if k in r}
             for r in records
             if r.get("split") == "val"
         ],
@@ -158,9 +158,9 @@ def examples(data: Path, hyps_file: str, indices: list[int]) -> list[dict[str, s
 
 
 def attention_image(run: Path, example: dict[str, str], name: str, results: Path) -> list[str]:
-    from attnlab.translation.attention import cross_attention, plot_cross_attention
-    from attnlab.translation.evaluate import load_translator
+    from attnlab.training.recipes.translation import load_translator
     from attnlab.viz.curves import plot_curves
+    from attnlab.viz.translation import cross_attention, plot_cross_attention
 
     t = load_translator(run, "averaged")
     att = cross_attention(t.model, t.tokenizer, example["source"], example["hypothesis"])
@@ -215,7 +215,7 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"- model: {t['n_params']:,} parameters ({t['model']})",
         f"- training wall time {t['train_seconds'] / 60:.1f} min (validation included), "
-        f"{t['steps']:,} steps, ~{t['epochs']} epochs, {t['target_tokens']:,} target tokens seen",
+        f"{t['steps']:,} steps, ~{t['epochs']} epochs, {t['source_tokens']:,} source tokens seen",
         f"- training pairs {t['train_pairs']:,} (dropped as too long: {t['train_dropped']})",
         *[f"- command: `{cmd}`" for cmd in t["sessions"] or [t["command"]]],
         "",
@@ -252,7 +252,7 @@ def markdown(result: dict[str, Any]) -> str:
         "|---:|---:|---:|",
     ]
     lines += [
-        f"| {v['step']} | {v['val_loss']:.3f} | {v.get('val_bleu', float('nan')):.2f} |"
+        f"| {v['step']} | {v['loss']:.3f} | {v.get('bleu', float('nan')):.2f} |"
         for v in t["val_curve"]
     ]
     lines += ["", "## Examples (averaged checkpoint, beam 4)", ""]

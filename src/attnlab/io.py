@@ -42,6 +42,17 @@ _TEMP_NAME = re.compile(r"\.(?P<target>.+)\.[A-Za-z0-9_]{8}\.tmp")
 PathLike = str | os.PathLike[str]
 
 
+def _file_mode() -> int:
+    """The mode ``open()`` would give a new file: 0o666 less the umask (mkstemp's files are
+    0o600, which would hide a run's files from its group and from other users)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+_FILE_MODE = _file_mode()
+
+
 def fsync_dir(directory: PathLike) -> None:
     """Make the renames in ``directory`` durable (POSIX; a no-op where directories cannot be
     opened)."""
@@ -59,6 +70,8 @@ def _write_temp(directory: Path, name: str, write: Callable[[str], None]) -> Pat
     os.close(fd)
     try:
         write(tmp)
+        with contextlib.suppress(OSError):  # after write: some writers recreate the file
+            os.chmod(tmp, _FILE_MODE)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
     except BaseException:

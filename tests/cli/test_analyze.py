@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from attnlab import PRESETS, build_model
-from attnlab.analysis.report import analyze, format_report
+from attnlab.analysis.report import analyze
+from attnlab.analysis.text import format_report
 from attnlab.cli import main
 from attnlab.cli.analyze import add_parser as add_analyze_subparser
 from attnlab.cli.analyze import load_config

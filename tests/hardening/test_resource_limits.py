@@ -27,7 +27,7 @@ from attnlab import BERTConfig, GPTConfig, TransformerConfig, ViTConfig, build_m
 from attnlab import pretrained as checkpoint_module
 from attnlab.analysis import count_params, kv_cache_bytes, training_memory
 from attnlab.analysis import memory_check as mc
-from attnlab.analysis.report import human_bytes
+from attnlab.analysis.text import human_bytes
 from attnlab.cli import main
 from attnlab.interop import CheckpointMismatchError, save_hf
 from attnlab.models.cnn import CNNConfig

@@ -54,6 +54,20 @@ def test_other_jsonl_names_and_json_lists(tmp_path: Path) -> None:
     assert parse_records([{"step": True, "loss": 1}]).train == []  # a bool is not a step
 
 
+def test_reader_reads_the_attnlab_schema(tmp_path: Path) -> None:
+    _write(
+        tmp_path / "r" / "metrics.jsonl",
+        [
+            {"step": 10, "split": "train", "loss": 3.0, "lr": 0.1, "elapsed_s": 1.0},
+            {"step": 10, "split": "val", "loss": 3.5, "accuracy": 0.2},
+            {"step": 10, "split": "final", "model": "averaged", "loss": 3.2},
+        ],
+    )
+    run = read_metrics(tmp_path / "r")
+    assert run.train == [(10, 3.0)] and run.val == [(10, 3.5)] and run.lr == [(10, 0.1)]
+    assert run.skipped == 1  # the final (averaged) line is no point of a curve
+
+
 def test_reader_errors(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no such run directory"):
         read_metrics(tmp_path / "missing")

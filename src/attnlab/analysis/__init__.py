@@ -19,8 +19,9 @@ from attnlab.analysis.memory import (
     training_memory,
 )
 from attnlab.analysis.params import ParamBreakdown, count_params, param_breakdown
-from attnlab.analysis.report import Analysis, analyze, format_report
+from attnlab.analysis.report import Analysis, analyze
 from attnlab.analysis.scaling import approximations, crossover, sweep_seq_len
+from attnlab.analysis.text import format_report
 
 __all__ = [
     "Analysis",

@@ -36,7 +36,7 @@ from attnlab.analysis.memory import (
     training_memory,
 )
 from attnlab.analysis.params import PARAM_FORMULAS, count_params
-from attnlab.analysis.report import human_bytes
+from attnlab.analysis.text import human_bytes
 from attnlab.models.gpt import GPTConfig
 from attnlab.models.transformer import TransformerConfig
 

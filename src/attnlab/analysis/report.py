@@ -3,9 +3,11 @@
 :func:`analyze` gathers the closed forms of :mod:`~attnlab.analysis.params`,
 :mod:`~attnlab.analysis.flops` and :mod:`~attnlab.analysis.memory` for a config (or a built
 model, meta-device ones included: only its config and parameter count are read), so a
-175B-parameter preset is analysed without allocating anything. :func:`format_report` renders the
-readable table, :meth:`Analysis.to_dict` the JSON; :func:`format_sweep` and :func:`plot_sweep`
-show how the FLOP shares move with the sequence length.
+175B-parameter preset is analysed without allocating anything.
+:func:`attnlab.analysis.text.format_report` renders the readable table and
+:meth:`Analysis.to_dict` the JSON; :func:`plot_sweep` (and
+:func:`attnlab.analysis.text.format_sweep`) show how the FLOP shares move with the sequence
+length.
 """
 
 from __future__ import annotations
@@ -142,7 +144,6 @@ def analyze(
     n = flops.seq_len
     memory = training_memory(config, n, batch=batch, src_len=src_len, dtype=dtype)
     acts = activation_bytes(config, n, batch=batch, src_len=src_len, dtype=dtype)
-    notes: list[str] = []
     kv: dict[str, int | None] | None = None
     if isinstance(config, (GPTConfig, TransformerConfig)):  # decoders cache keys/values
         kv = {
@@ -153,17 +154,6 @@ def analyze(
                 config, n, batch=batch, src_len=src_len, window=window, dtype=dtype
             ),
         }
-    if getattr(config, "pos_encoding", None) == "learned" and n > config.max_seq_len:
-        notes.append(
-            f"seq_len={n} exceeds the learned position table (max_seq_len={config.max_seq_len}):"
-            " the model cannot run it; the figures are the architecture's"
-        )
-    if isinstance(config, TransformerConfig):
-        notes.append("tokens = target tokens (B·T) for the per-token and 6·N·tokens figures")
-    if isinstance(config, ViTConfig) and n != config.max_seq_len:
-        notes.append(f"seq_len={n} means {n - 1} patches, another image size than the config's")
-    if measured is not None and measured != params.total:
-        notes.append(f"the built model has {measured} parameters, the closed form {params.total}")
     return Analysis(
         name=name or type(config).__name__,
         config=config,
@@ -176,125 +166,28 @@ def analyze(
         activations=acts,
         dtype=dtype if isinstance(dtype, str) else f"{dtype_bytes(dtype)} bytes",
         kv_cache=kv,
-        notes=notes,
+        notes=_notes(config, n, measured, params.total),
     )
+
+
+def _notes(config: Any, n: int, measured: int | None, closed_form: int) -> list[str]:
+    """What a reader of the figures should know about this config and length."""
+    notes: list[str] = []
+    if getattr(config, "pos_encoding", None) == "learned" and n > config.max_seq_len:
+        notes.append(
+            f"seq_len={n} exceeds the learned position table (max_seq_len={config.max_seq_len}):"
+            " the model cannot run it; the figures are the architecture's"
+        )
+    if isinstance(config, TransformerConfig):
+        notes.append("tokens = target tokens (B·T) for the per-token and 6·N·tokens figures")
+    if isinstance(config, ViTConfig) and n != config.max_seq_len:
+        notes.append(f"seq_len={n} means {n - 1} patches, another image size than the config's")
+    if measured is not None and measured != closed_form:
+        notes.append(f"the built model has {measured} parameters, the closed form {closed_form}")
+    return notes
 
 
 # -- formatting ----------------------------------------------------------------------------------
-
-
-def human(x: float, unit: str = "") -> str:
-    """``1.23 G``-style number with SI prefixes (``human(1.5e12, "FLOP")`` -> ``1.50 TFLOP``)."""
-    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:.2f} {prefix}{unit}"
-    return f"{x:.0f} {unit}".rstrip() if float(x).is_integer() else f"{x:.3g} {unit}".rstrip()
-
-
-def human_bytes(n: float) -> str:
-    """Bytes with binary prefixes (``1.50 GiB``)."""
-    for prefix, scale in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {prefix}B"
-    return f"{n:.0f} B"
-
-
-def _config_line(c: Any) -> str:
-    kv = c.n_kv_heads or c.n_heads
-    parts = [
-        f"d_model={c.d_model}",
-        f"n_heads={c.n_heads}" + (f" (kv {kv})" if kv != c.n_heads else ""),
-        f"n_layers={c.n_layers}",
-        f"d_ff={c.d_ff}",
-        f"activation={c.activation}",
-    ]
-    for attr in ("vocab_size", "n_classes"):
-        if hasattr(c, attr):
-            parts.append(f"{attr}={getattr(c, attr)}")
-    return ", ".join(parts)
-
-
-def format_report(a: Analysis) -> str:
-    """The readable table of an :class:`Analysis`."""
-    f, p = a.flops, a.params
-    lines = [f"{a.name} ({type(a.config).model_type}): {_config_line(a.config)}"]
-    src = f", src_len={f.src_len}" if f.src_len is not None else ""
-    lines.append(f"batch={f.batch}, seq_len={f.seq_len}{src}, tokens={f.tokens}")
-    lines.append("")
-    lines.append(f"{'Parameters':<34}{'count':>16}{'share':>8}{'per layer':>14}")
-    for name, count in p.components.items():
-        per = f"{p.per_layer(name):,}" if name in p.layer_names else ""
-        if name in p.tied and count == 0:
-            lines.append(f"  {name:<32}{0:>16,}  (tied to {p.tied[name]})")
-            continue
-        lines.append(f"  {name:<32}{count:>16,}{count / p.total:>8.1%}{per:>14}".rstrip())
-    lines.append(f"  {'total':<32}{p.total:>16,}")
-    if a.params_measured is not None:
-        lines.append(f"  {'built model (measured)':<32}{a.params_measured:>16,}")
-    lines.append("")
-    lines.append(f"{'Forward FLOPs (2·m·k·p per matmul)':<40}{'FLOPs':>14}{'share':>8}")
-    for name, v in f.by_component().items():
-        lines.append(f"  {name:<38}{human(v):>14}{v / f.forward:>8.1%}")
-    lines.append(f"  {'forward (matmuls)':<38}{human(f.forward):>14}")
-    lines.append(f"  {'softmax (not in the total, estimate)':<38}{human(f.softmax):>14}")
-    lines.append(f"  {'backward':<38}{human(f.backward):>14}")
-    lines.append(f"  {'training step (forward + backward)':<38}{human(f.training):>14}")
-    lines.append(
-        f"  per token: forward {human(f.forward_per_token, 'FLOP')}, "
-        f"training {human(f.training_per_token, 'FLOP')}"
-    )
-    shares = f.shares()
-    lines.append(
-        "  shares: " + ", ".join(f"{g} {shares[g]:.1%}" for g in FLOP_GROUPS if shares[g] > 0)
-    )
-    lines.append("")
-    lines.append("Rules of thumb vs the exact training FLOPs")
-    for ap in a.approximations:
-        lines.append(f"  {ap.name:<36}{human(ap.flops):>14}  error {ap.relative_error:+.2%}")
-    lines.append("")
-    c, d = a.crossover, a.config.d_model
-    lines.append("Crossover length (attention n²·d products = n·d² products)")
-    lines.append(f"  attention block: n = {c.block:,.0f} ({c.block / d:.3g}·d_model)")
-    lines.append(f"  layer with FFN:  n = {c.layer:,.0f} ({c.layer / d:.3g}·d_model)")
-    lines.append(f"  whole model:     n = {c.model:,.0f}")
-    lines.append("")
-    m = a.memory
-    lines.append(f"Training memory ({a.dtype}, Adam, no checkpointing, math attention)")
-    for label, v in (
-        ("weights", m.weights),
-        ("gradients", m.gradients),
-        ("optimizer state", m.optimizer),
-        ("activations", m.activations),
-        ("  of which attention scores", a.activations["attention_scores"]),
-        ("total", m.total),
-    ):
-        lines.append(f"  {label:<30}{human_bytes(v):>14}")
-    if a.kv_cache is not None:
-        kv = a.kv_cache
-        window = f", window {kv['window']}" if kv["window"] is not None else ""
-        lines.append("")
-        lines.append(f"KV cache ({a.dtype})")
-        lines.append(f"  per token:  {human_bytes(kv['bytes_per_token'] or 0)}")
-        lines.append(
-            f"  full context ({kv['context_len']} tokens x batch {f.batch}{window}): "
-            f"{human_bytes(kv['full_context'] or 0)}"
-        )
-    if a.notes:
-        lines.append("")
-        lines.extend(f"note: {n}" for n in a.notes)
-    return "\n".join(lines)
-
-
-def format_sweep(rows: list[dict[str, float]]) -> str:
-    """A table of :func:`~attnlab.analysis.flops.sweep_seq_len` rows."""
-    head = f"{'seq_len':>9}{'forward':>14}" + "".join(f"{g:>13}" for g in FLOP_GROUPS)
-    out = [head]
-    for r in rows:
-        out.append(
-            f"{int(r['seq_len']):>9}{human(r['forward']):>14}"
-            + "".join(f"{r[g]:>13.1%}" for g in FLOP_GROUPS)
-        )
-    return "\n".join(out)
 
 
 def plot_sweep(
@@ -348,9 +241,5 @@ def plot_sweep(
 __all__ = [
     "Analysis",
     "analyze",
-    "format_report",
-    "format_sweep",
-    "human",
-    "human_bytes",
     "plot_sweep",
 ]

@@ -28,14 +28,9 @@ from attnlab.analysis.measure import (
     mfu,
 )
 from attnlab.analysis.params import count_params
-from attnlab.analysis.report import (
-    analyze,
-    format_report,
-    format_sweep,
-    human,
-    plot_sweep,
-)
+from attnlab.analysis.report import analyze, plot_sweep
 from attnlab.analysis.scaling import crossover, sweep_seq_len
+from attnlab.analysis.text import format_report, format_sweep, human
 from attnlab.cli.common import check_writable, guarded
 from attnlab.models.vit import ViTConfig
 

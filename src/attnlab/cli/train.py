@@ -164,9 +164,8 @@ def _budget(train: TrainConfig) -> str:
     parts = [f"{train.steps} steps" if train.steps else "",
              f"{train.max_minutes:g} min" if train.max_minutes else "",
              f"{train.max_epochs} epochs" if train.max_epochs else ""]  # fmt: skip
-    return ", stops at the first of " * (sum(map(bool, parts)) > 1) + " / ".join(
-        p for p in parts if p
-    )
+    given = [p for p in parts if p]
+    return ("stops at the first of " if len(given) > 1 else "") + " / ".join(given)
 
 
 def _print_header(prepared: Prepared, run: RunDir, ctx: Any, resume: bool) -> None:

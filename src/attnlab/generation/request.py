@@ -92,20 +92,11 @@ def prepare_request(
         )
     cfg = model.config
     enc_dec = isinstance(model, EncoderDecoderTransformer)
-    vocab = (
-        model.config.target_vocab_size
-        if isinstance(model, EncoderDecoderTransformer)
-        else (model.config.vocab_size)
-    )
-    eos = resolve_eos(model, config.eos_ids)
-    for e in eos:
-        if not 0 <= e < vocab:
-            raise ValueError(f"eos id {e} is outside the vocabulary [0, {vocab})")
-    pad_id = config.pad_id
-    if pad_id is None:
-        pad_id = cfg.pad_id if cfg.pad_id is not None else (eos[0] if eos else 0)
-    if not 0 <= pad_id < vocab:
-        raise ValueError(f"pad_id {pad_id} is outside the vocabulary [0, {vocab})")
+    if isinstance(model, EncoderDecoderTransformer):
+        vocab = model.config.target_vocab_size
+    else:
+        vocab = model.config.vocab_size
+    eos, pad_id = _special_ids(model, config, vocab)
     in_vocab = cfg.vocab_size
     if (
         isinstance(model, EncoderDecoderTransformer)
@@ -133,6 +124,24 @@ def prepare_request(
         vocab_size=vocab,
         window=window,
     )
+
+
+def _special_ids(
+    model: GenerativeModel, config: GenerationConfig, vocab: int
+) -> tuple[list[int], int]:
+    """The EOS ids and the pad id of a call (the config's, else the model's), checked against
+    the output vocabulary."""
+    eos = resolve_eos(model, config.eos_ids)
+    for e in eos:
+        if not 0 <= e < vocab:
+            raise ValueError(f"eos id {e} is outside the vocabulary [0, {vocab})")
+    pad_id: int | None = config.pad_id
+    if pad_id is None:
+        model_pad = model.config.pad_id
+        pad_id = int(model_pad) if model_pad is not None else (eos[0] if eos else 0)
+    if not 0 <= pad_id < vocab:
+        raise ValueError(f"pad_id {pad_id} is outside the vocabulary [0, {vocab})")
+    return list(eos), pad_id
 
 
 def _fit_context(

@@ -191,15 +191,7 @@ def sliding_window_attention(
             or ``dropout_p``.
     """
     B, H, H_kv, T, S, D = check_qkv(q, k, v)
-    if isinstance(window, bool) or int(window) != window or window < 1:
-        raise ValueError(f"window must be a positive integer, got {window!r}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    if mask is not None:
-        check_mask(mask, B, H, T, S)
-    block = max(16, min(64, int(window))) if block_size is None else int(block_size)
-    if block < 1:
-        raise ValueError(f"block_size must be positive, got {block_size}")
+    block = _check_args(window, dropout_p, block_size, mask, (B, H, T, S))
     n_rep, Dv, offset = H // H_kv, v.shape[-1], S - T
     if T == 0 or S == 0:  # no scores: zeros (S = 0) or an empty output, as the math path gives
         return cast(Tensor, scaled_dot_product_attention(q, k, v))
@@ -240,9 +232,8 @@ def sliding_window_attention(
         g_keep = (i < T).expand(N, block, len(glob))  # (N, block, G)
         if is_causal:
             g_keep = g_keep & (g_idx <= i + offset)
-        g_cols = g_idx.view(1, 1, -1)  # (1, 1, G)
         g_scores, g_keep = _apply_mask(
-            g_scores, g_keep, mask_keep, mask_bias, rows, g_cols, N, block, n_rep
+            g_scores, g_keep, mask_keep, mask_bias, rows, g_idx.view(1, 1, -1), N, block, n_rep
         )
         scores = torch.cat([scores, g_scores], dim=-1)  # (B, H_kv, r, N, block, W + G)
         keep = _cat_last(keep, g_keep)
@@ -260,12 +251,42 @@ def sliding_window_attention(
     if q_rows:
         r_idx = torch.tensor(q_rows, device=dev)  # (Gq,)
         full = _full_rows(q, k, r_idx, offset, is_causal, mask_keep, mask_bias, scale, cdt)
-        full = full.to(v.dtype)
-        if dropout_p > 0.0:
-            full = F.dropout(full, p=dropout_p)
-        rows_out = full @ v.unsqueeze(2)  # (B, H_kv, r, Gq, Dv)
-        out = out.index_copy(2, r_idx, rows_out.reshape(B, H, len(q_rows), Dv))
+        out = out.index_copy(2, r_idx, _weighted_rows(full, v, dropout_p))
     return out
+
+
+def _weighted_rows(full: Tensor, v: Tensor, dropout_p: float) -> Tensor:
+    """The outputs of the global query rows from their full weights.
+
+    Shapes:
+        full ``(B, H_kv, r, Gq, S)``, v ``(B, H_kv, S, Dv)`` -> ``(B, H_kv * r, Gq, Dv)``.
+    """
+    full = full.to(v.dtype)
+    if dropout_p > 0.0:
+        full = F.dropout(full, p=dropout_p)
+    rows_out = full @ v.unsqueeze(2)  # (B, H_kv, r, Gq, Dv)
+    B, H_kv, r, Gq, Dv = rows_out.shape
+    return rows_out.reshape(B, H_kv * r, Gq, Dv)
+
+
+def _check_args(
+    window: int,
+    dropout_p: float,
+    block_size: int | None,
+    mask: Tensor | None,
+    dims: tuple[int, int, int, int],
+) -> int:
+    """Validate :func:`sliding_window_attention`'s arguments; return the query block size."""
+    if isinstance(window, bool) or int(window) != window or window < 1:
+        raise ValueError(f"window must be a positive integer, got {window!r}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if mask is not None:
+        check_mask(mask, *dims)
+    block = max(16, min(64, int(window))) if block_size is None else int(block_size)
+    if block < 1:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    return block
 
 
 def _as_4d(mask: Tensor) -> Tensor:

@@ -1,6 +1,7 @@
 """Training curves: train/validation loss (and learning rate) from metrics files, runs overlaid.
 
-The metrics format is JSON Lines: one JSON object per line, one line per logged step. The reader
+The metrics format is JSON Lines: one JSON object per line, one line per logged step; attnlab's
+own schema is :mod:`attnlab.training.metrics` (``step``, ``split``, ``loss``, ``lr``). The reader
 is tolerant, so any trainer that writes something close to this works:
 
 - ``step`` (also ``global_step``, ``iter``, ``iteration``): a number; lines without one are
@@ -10,6 +11,8 @@ is tolerant, so any trainer that writes something close to this works:
   ``val/loss``; or ``loss`` on a line whose ``split`` (or ``phase``) is ``val``, ``valid``,
   ``validation`` or ``eval``;
 - learning rate (optional): ``lr`` or ``learning_rate``;
+- lines whose ``split`` is ``final`` (attnlab's figures for a model made at the end, such as the
+  checkpoint average) are not points of a curve and are skipped;
 - anything else (tokens/s, grad norm, time) is ignored. Blank lines, lines that are not JSON
   objects (a half-written last line) and non-finite values are skipped and counted.
 
@@ -75,6 +78,9 @@ def parse_records(records: Iterable[Any], name: str = "run") -> RunMetrics:
             run.skipped += 1
             continue
         split = str(rec.get("split", rec.get("phase", "train"))).lower()
+        if split == "final":
+            run.skipped += 1
+            continue
         val = _first(rec, VAL_KEYS)
         if split in VAL_SPLITS:
             val = val if val is not None else _first(rec, ("loss",))

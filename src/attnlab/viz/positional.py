@@ -19,7 +19,7 @@ Shapes: L positions, E d_model, D head dim (rotated by RoPE), H heads.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -114,6 +114,90 @@ def positional_data(
     return {"bias": alibi.score_bias(pos, pos), "slopes": alibi.slopes.clone()}
 
 
+def _draw_table(fig: Figure, kind: str, data: dict[str, Tensor], base: float, model: Any) -> None:
+    """Sinusoidal or learned: the table and its position-position similarity."""
+    table, sim = data["table"].numpy(), data["similarity"].numpy()
+    L, E = table.shape
+    ax_t, ax_s = fig.subplots(1, 2, width_ratios=[1.3, 1])
+    # A trained table has a few outlier values: scale the colours to the 99th percentile.
+    lim = 1.0 if kind == "sinusoidal" else float(np.quantile(np.abs(table), 0.99))
+    im = heatmap(ax_t, table, cmap="RdBu_r", vmin=-lim, vmax=lim)
+    ax_t.set(xlabel="dimension i", ylabel="position", title=f"{kind} encoding ({L} x {E})")
+    fig.colorbar(im, ax=ax_t, shrink=0.85).set_label("value")
+    what = "PE_m · PE_n" if kind == "sinusoidal" else "cosine similarity"
+    im = heatmap(ax_s, sim, cmap="viridis", aspect="equal")
+    ax_s.set(xlabel="position n", ylabel="position m", title=what)
+    fig.colorbar(im, ax=ax_s, shrink=0.85).set_label(what)
+    head = (
+        f"Sinusoidal positional encoding (§3.5): PE(pos, 2i) = sin(pos / {base:g}^(2i/d)), "
+        f"PE(pos, 2i+1) = cos(...), d_model = {E}"
+        if kind == "sinusoidal"
+        else f"Learned position table of {type(model).__name__}: first {L} positions "
+        "(colours clipped at the 99th percentile of |value|)"
+    )
+    fig.suptitle(head, fontsize=11)
+
+
+def _draw_rope(fig: Figure, data: dict[str, Tensor], base: float, L: int) -> None:
+    """RoPE: the rotation angles, the scores of q = k = 1, and their relative-distance curve."""
+    cos, scores, rel = data["cos"].numpy(), data["scores"].numpy(), data["relative"].numpy()
+    D = 2 * cos.shape[1]
+    ax_c, ax_s, ax_r = fig.subplots(1, 3, width_ratios=[1.1, 1, 1])
+    im = heatmap(ax_c, cos, cmap="RdBu_r", vmin=-1, vmax=1)
+    ax_c.set(
+        xlabel="dimension pair i (θ_i = base^(-2i/D))",
+        ylabel="position m",
+        title="rotation cos(m·θ_i)",
+    )
+    fig.colorbar(im, ax=ax_c, shrink=0.85)
+    im = heatmap(ax_s, scores, cmap="RdBu_r", vmin=-1, vmax=1, aspect="equal")
+    ax_s.set(
+        xlabel="key position n",
+        ylabel="query position m",
+        title="score <R_m q, R_n k> / D, q = k = 1",
+    )
+    fig.colorbar(im, ax=ax_s, shrink=0.85).set_label("score")
+    ax_r.plot(range(len(rel)), rel, lw=1.2)
+    ax_r.axhline(0, color="grey", lw=0.6)
+    ax_r.set(
+        xlabel="relative distance m - n",
+        ylabel="score",
+        title="depends on m - n only: mean_i cos((m-n)·θ_i)",
+    )
+    ax_r.grid(alpha=0.3)
+    fig.suptitle(f"RoPE: head dim D = {D}, base = {base:g}, positions 0..{L - 1}", fontsize=11)
+
+
+def _draw_alibi(fig: Figure, data: dict[str, Tensor], L: int) -> None:
+    """ALiBi: the bias of the first and last head, and every head's bias against distance."""
+    bias, slopes = data["bias"].numpy(), data["slopes"].numpy()
+    H = bias.shape[0]
+    axes = fig.subplots(1, 3, width_ratios=[1, 1, 1.1])
+    for ax, h in zip(axes[:2], (0, H - 1), strict=True):
+        lo = min(float(bias[h].min()), -1e-6)  # each head on its own scale
+        im = heatmap(ax, bias[h], cmap="magma", vmin=lo, vmax=0.0, aspect="equal")
+        ax.set(
+            xlabel="key position j",
+            ylabel="query position i",
+            title=f"head {h}: -m·|i - j|, m = {slopes[h]:.4g}",
+        )
+        fig.colorbar(im, ax=ax, shrink=0.85).set_label("score bias")
+    for h in range(H):
+        axes[2].plot(range(L), bias[h, 0], lw=1, label=f"head {h} (m={slopes[h]:.3g})")
+    axes[2].set(
+        xlabel="distance |i - j|",
+        ylabel="bias added to the score",
+        title="bias vs distance, every head",
+    )
+    axes[2].grid(alpha=0.3)
+    axes[2].legend(fontsize=6, ncol=2 if H > 8 else 1)
+    fig.suptitle(
+        f"ALiBi: no position embedding, a linear score bias per head (H = {H}; slopes "
+        "m_h = 2^(-8(h+1)/H) for H a power of two)",
+        fontsize=11,
+    )
+
+
 def plot_positional(
     kind: str,
     *,
@@ -136,85 +220,15 @@ def plot_positional(
         base=base,
         model=model,
     )
-    L = max_len
     if kind in ("sinusoidal", "learned"):
-        table, sim = data["table"].numpy(), data["similarity"].numpy()
-        L, E = table.shape
         fig = new_figure(12, 5)
-        ax_t, ax_s = fig.subplots(1, 2, width_ratios=[1.3, 1])
-        # A trained table has a few outlier values: scale the colours to the 99th percentile.
-        lim = 1.0 if kind == "sinusoidal" else float(np.quantile(np.abs(table), 0.99))
-        im = heatmap(ax_t, table, cmap="RdBu_r", vmin=-lim, vmax=lim)
-        ax_t.set(xlabel="dimension i", ylabel="position", title=f"{kind} encoding ({L} x {E})")
-        fig.colorbar(im, ax=ax_t, shrink=0.85).set_label("value")
-        what = "PE_m · PE_n" if kind == "sinusoidal" else "cosine similarity"
-        im = heatmap(ax_s, sim, cmap="viridis", aspect="equal")
-        ax_s.set(xlabel="position n", ylabel="position m", title=what)
-        fig.colorbar(im, ax=ax_s, shrink=0.85).set_label(what)
-        head = (
-            f"Sinusoidal positional encoding (§3.5): PE(pos, 2i) = sin(pos / {base:g}^(2i/d)), "
-            f"PE(pos, 2i+1) = cos(...), d_model = {E}"
-            if kind == "sinusoidal"
-            else f"Learned position table of {type(model).__name__}: first {L} positions "
-            "(colours clipped at the 99th percentile of |value|)"
-        )
-        fig.suptitle(head, fontsize=11)
+        _draw_table(fig, kind, data, base, model)
     elif kind == "rope":
-        cos, scores, rel = data["cos"].numpy(), data["scores"].numpy(), data["relative"].numpy()
-        D = 2 * cos.shape[1]
         fig = new_figure(15, 4.8)
-        ax_c, ax_s, ax_r = fig.subplots(1, 3, width_ratios=[1.1, 1, 1])
-        im = heatmap(ax_c, cos, cmap="RdBu_r", vmin=-1, vmax=1)
-        ax_c.set(
-            xlabel="dimension pair i (θ_i = base^(-2i/D))",
-            ylabel="position m",
-            title="rotation cos(m·θ_i)",
-        )
-        fig.colorbar(im, ax=ax_c, shrink=0.85)
-        im = heatmap(ax_s, scores, cmap="RdBu_r", vmin=-1, vmax=1, aspect="equal")
-        ax_s.set(
-            xlabel="key position n",
-            ylabel="query position m",
-            title="score <R_m q, R_n k> / D, q = k = 1",
-        )
-        fig.colorbar(im, ax=ax_s, shrink=0.85).set_label("score")
-        ax_r.plot(range(len(rel)), rel, lw=1.2)
-        ax_r.axhline(0, color="grey", lw=0.6)
-        ax_r.set(
-            xlabel="relative distance m - n",
-            ylabel="score",
-            title="depends on m - n only: mean_i cos((m-n)·θ_i)",
-        )
-        ax_r.grid(alpha=0.3)
-        fig.suptitle(f"RoPE: head dim D = {D}, base = {base:g}, positions 0..{L - 1}", fontsize=11)
+        _draw_rope(fig, data, base, max_len)
     else:
-        bias, slopes = data["bias"].numpy(), data["slopes"].numpy()
-        H = bias.shape[0]
         fig = new_figure(15, 4.8)
-        axes = fig.subplots(1, 3, width_ratios=[1, 1, 1.1])
-        for ax, h in zip(axes[:2], (0, H - 1), strict=True):
-            lo = min(float(bias[h].min()), -1e-6)  # each head on its own scale
-            im = heatmap(ax, bias[h], cmap="magma", vmin=lo, vmax=0.0, aspect="equal")
-            ax.set(
-                xlabel="key position j",
-                ylabel="query position i",
-                title=f"head {h}: -m·|i - j|, m = {slopes[h]:.4g}",
-            )
-            fig.colorbar(im, ax=ax, shrink=0.85).set_label("score bias")
-        for h in range(H):
-            axes[2].plot(range(L), bias[h, 0], lw=1, label=f"head {h} (m={slopes[h]:.3g})")
-        axes[2].set(
-            xlabel="distance |i - j|",
-            ylabel="bias added to the score",
-            title="bias vs distance, every head",
-        )
-        axes[2].grid(alpha=0.3)
-        axes[2].legend(fontsize=6, ncol=2 if H > 8 else 1)
-        fig.suptitle(
-            f"ALiBi: no position embedding, a linear score bias per head (H = {H}; slopes "
-            "m_h = 2^(-8(h+1)/H) for H a power of two)",
-            fontsize=11,
-        )
+        _draw_alibi(fig, data, max_len)
     if path is not None:
         save_figure(fig, path)
     return fig
