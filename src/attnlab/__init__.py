@@ -25,6 +25,7 @@ from attnlab.models import (
 )
 from attnlab.pretrained import from_pretrained, save_pretrained
 from attnlab.sentence import embed
+from attnlab.training import rundir as _rundir  # noqa: F401  (from_pretrained reads run dirs)
 
 __version__ = "0.2.0"
 

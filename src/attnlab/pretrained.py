@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -233,6 +233,24 @@ def load_attnlab(path: str | os.PathLike[str], *, device: torch.device | str = "
     return model.eval()
 
 
+# Higher floors teach from_pretrained more directory layouts without this module importing them:
+# each resolver maps a directory that holds no config.json to the model directory inside it, or
+# returns None (attnlab.training.rundir: a run directory -> its newest complete checkpoint).
+DIRECTORY_RESOLVERS: list[Callable[[Path], Path | None]] = []
+
+
+def resolve_directory(path: str | os.PathLike[str]) -> Path:
+    """``path``, or the model directory a registered resolver finds in it (a run directory's
+    newest checkpoint) when ``path`` itself holds no ``config.json``."""
+    p = Path(path)
+    if p.is_dir() and not (p / CONFIG_NAME).is_file():
+        for resolve in DIRECTORY_RESOLVERS:
+            found = resolve(p)
+            if found is not None:
+                return found
+    return p
+
+
 def from_pretrained(
     path: str | os.PathLike[str],
     *,
@@ -247,7 +265,8 @@ def from_pretrained(
     config (``model.config``).
 
     Args:
-        path: a directory with ``config.json`` and weights.
+        path: a directory with ``config.json`` and weights, or a run directory of ``attnlab
+            train`` (its newest complete checkpoint).
         device: where to build the model.
         dtype: convert the parameters to this dtype (default: as built, float32).
         strict: Hugging Face checkpoints only: with ``False``, missing/unexpected tensors are
@@ -261,6 +280,7 @@ def from_pretrained(
             every key and expected shape; for attnlab's format, a parameter count in the
             safetensors header other than the config's, checked before the model is built).
     """
+    path = resolve_directory(path)
     data = read_config(path)
     model_type = data.get("model_type")
     if model_type not in MODEL_TYPES and model_type not in HF_FAMILIES:

@@ -117,3 +117,27 @@ def test_subparser_sets_func() -> None:
     add_generate_subparser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["generate", "some/dir", "--ids", "1 2"])
     assert args.ids == [[1, 2]] and callable(args.func)
+
+
+def test_encoder_decoder_sources_end_with_eos(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from attnlab.models.transformer import EncoderDecoderTransformer, TransformerConfig
+
+    torch.manual_seed(0)
+    cfg = TransformerConfig(vocab_size=12, d_model=16, n_heads=2, n_layers=1, d_ff=32,
+                            max_seq_len=16, dropout=0.0, eos_id=2)  # fmt: skip
+    model = EncoderDecoderTransformer(cfg)
+    model.save_pretrained(tmp_path)
+    expected = attnlab.generate(model, torch.tensor([[5, 9, 3, 2]]), max_new_tokens=6)[0]
+    printed = []
+    for ids in ("5,9,3", "5,9,3,2"):
+        assert main([str(tmp_path), "--ids", ids, "--max-new-tokens", "6"]) == 0
+        printed.append(capsys.readouterr().out.split())
+    row = expected.tolist()
+    stop = row.index(2) + 1 if 2 in row else len(row)
+    assert printed[0] == printed[1] == [str(t) for t in row[:stop]]
+    assert main([str(tmp_path), "--ids", "5,9,3", "--max-new-tokens", "6", "--no-source-eos"]) == 0
+    raw = attnlab.generate(model, torch.tensor([[5, 9, 3]]), max_new_tokens=6)[0].tolist()
+    stop = raw.index(2) + 1 if 2 in raw else len(raw)
+    assert capsys.readouterr().out.split() == [str(t) for t in raw[:stop]]

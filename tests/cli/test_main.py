@@ -3,9 +3,12 @@ bad flags (exit 2 with a message, never a traceback), ``--version``, every comma
 
 from __future__ import annotations
 
+import argparse
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -74,15 +77,21 @@ def _exit_code(argv: list[str]) -> int:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["train", "reverse", "--steps", "0"], "steps must be positive, got 0"),
+        (["train", "reverse", "--steps", "0"], "--steps must be positive, got 0"),
         (["train", "reverse", "--steps", "ten"], "--steps: expected int, got 'ten'"),
-        (["train", "reverse", "--min-len", "9", "--max-len", "4"], "min_len <= max_len"),
-        (["train", "reverse", "--d-model", "30", "--heads", "4"], "does not divide d_model=30"),
-        (["train", "reverse", "--dropout", "1.5"], "dropout must be in [0, 1)"),
+        (
+            ["train", "reverse", "--min-len", "9", "--max-len", "4"],
+            "need 1 <= --min-len <= --max-len",
+        ),
+        (
+            ["train", "reverse", "--d-model", "30", "--heads", "4"],
+            "--n-heads=4 does not divide --d-model=30",
+        ),
+        (["train", "reverse", "--dropout", "1.5"], "--dropout must be in [0, 1)"),
         (["train", "reverse", "--bogus"], "unknown option '--bogus'"),
         (["train", "reverse", "--schedule", "step"], "expected one of noam, cosine, constant"),
-        (["train", "reverse", "--steps", "50", "--warmup", "100"], "needs warmup < steps"),
-        (["train", "reverse", "--lr", "inf"], "lr must be a finite number, got inf"),
+        (["train", "reverse", "--steps", "50", "--warmup", "100"], "needs --warmup < --steps"),
+        (["train", "reverse", "--lr", "inf"], "--lr must be a finite number, got inf"),
         (["train", "sort"], "invalid choice: 'sort'"),
         (["train"], "required: RECIPE"),
         ([], "required: COMMAND"),
@@ -110,12 +119,24 @@ def test_recipe_help_lists_every_key_with_type_and_default(
         assert line in out
 
 
-def test_subcommands() -> None:
-    parser = build_parser()
-    for command in ("generate", "viz", "analyze"):
-        with pytest.raises(SystemExit) as exc:
-            parser.parse_args([command, "--help"])
-        assert exc.value.code == 0
+def _all_helps(parser: Any, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], str]]:
+    """The help text of ``parser`` and of every subcommand below it."""
+    out = [(prefix, parser.format_help())]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += _all_helps(sub, (*prefix, name))
+    return out
+
+
+def test_help_of_every_command_says_each_default_once_and_never_none() -> None:
+    helps = _all_helps(build_parser())
+    assert len(helps) > 15  # train recipes, viz kinds, bench ...
+    for argv, text in helps:
+        flat = " ".join(text.split())
+        assert "(default: None)" not in flat, argv
+        for line in re.split(r"\s(?=--?[a-z])", flat):  # one option per chunk
+            assert line.count("(default") <= 1, (argv, line)
 
 
 def test_every_command_is_wired() -> None:

@@ -3,6 +3,7 @@ evaluation/early stopping, metrics.jsonl."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from attnlab.training.config import TrainConfig
 from attnlab.training.data import TokenStream
 from attnlab.training.objectives import CausalLMObjective
 from attnlab.training.optim import classify_parameters, parameter_groups
-from attnlab.training.trainer import Trainer, clip_gradients
+from attnlab.training.trainer import Callback, Trainer, clip_gradients
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -135,6 +136,36 @@ def test_early_stopping_stops_after_patience_evaluations() -> None:
 def test_training_is_seeded() -> None:
     runs = [Trainer(*_setup()).fit().losses for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+def _dropout_setup(**overrides: object) -> tuple[GPT, CausalLMObjective, TrainConfig]:
+    torch.manual_seed(0)
+    model = GPT(dataclasses.replace(TINY, dropout=0.3))
+    _, objective, config = _setup(**overrides)
+    return model, objective, config
+
+
+def test_reseed_dropout_false_continues_the_rng_the_initialisation_left() -> None:
+    reseeded = Trainer(*_dropout_setup(steps=3)).fit().losses
+    continued = Trainer(*_dropout_setup(steps=3, reseed_dropout=False)).fit().losses
+    assert reseeded != continued  # other dropout masks
+    model, objective, config = _dropout_setup(steps=3)
+    trainer = Trainer(model, objective, config)
+    torch.manual_seed(0)
+    GPT(dataclasses.replace(TINY, dropout=0.3))  # the state a fresh initialisation leaves
+    assert [trainer.train_step()[0] for _ in range(3)] == continued
+
+
+class _Declared(Callback):
+    names = ("score",)
+
+
+def test_a_best_metric_nobody_measures_is_refused_before_training() -> None:
+    model, objective, config = _setup(best_metric="val_bleu")
+    with pytest.raises(ValueError, match=r"best_metric='val_bleu' is not measured.*val_score"):
+        Trainer(model, objective, config, callbacks=[_Declared()])
+    Trainer(model, objective, _setup(best_metric="val_score")[2], callbacks=[_Declared()])
+    Trainer(model, objective, config, callbacks=[Callback()])  # undeclared: checked later
 
 
 def test_tensorboard_is_optional(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -135,3 +135,22 @@ def test_bad_input(tiny_data: Path, tmp_path: Path) -> None:
     with pytest.raises(RunDirError, match=r"other settings than the run's \(d_model\)"):
         train(tiny_data, done, resume=True, max_steps=4, d_model=16)
     assert tiny_config()["max_steps"] == 8
+
+
+def test_without_bleu_the_best_model_follows_the_validation_loss(
+    tiny_data: Path, tmp_path: Path
+) -> None:
+    train(tiny_data, tmp_path / "a", max_steps=2, eval_every=2, eval_bleu_sentences=0)
+    info = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert info["train"]["best_metric"] == "val_loss"
+    assert (tmp_path / "a" / "best").is_dir()
+    with pytest.raises(ValueError, match="best_metric='val_bleu' is not measured"):
+        train(tiny_data, tmp_path / "b", max_steps=2, eval_bleu_sentences=0, best_metric="bleu")
+    assert not (tmp_path / "b" / "checkpoints").exists()  # refused before training
+
+
+def test_the_recipe_draws_dropout_and_updates_as_attnlab_0_1() -> None:
+    from attnlab.training.recipes import get_recipe
+
+    train_config = get_recipe("translate").train
+    assert train_config.reseed_dropout is False and train_config.optimizer_impl == "for-loop"

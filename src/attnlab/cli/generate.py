@@ -11,10 +11,12 @@ tokenizer (the directory's ``tokenizer.json``, the run's, or ``--tokenizer``), `
 text and the output is streamed token by token (one prompt, greedy or sampling); without one,
 prompts are ids (``--ids``, repeatable) and ids are printed. Any of
 ``--temperature/--top-k/--top-p/--min-p`` switches sampling on (``--temperature 0``: greedy).
-For an encoder-decoder model the prompt is the source. A long generation slides its context
-like nanoGPT (``--context``); the decoding flags are :mod:`attnlab.cli.decoding`'s. A run whose
-estimated memory (weights, KV cache, prefill, decoding copies) exceeds the available RAM exits
-with status 2, unless ``--ignore-memory-check`` is given.
+For an encoder-decoder model the prompt is the source, and it gets the model's EOS id at its end
+when it does not end with it (attnlab's recipes and Hugging Face's seq2seq tokenizers train on
+sources that end in EOS; ``--no-source-eos`` passes the ids as given). A long generation slides
+its context like nanoGPT (``--context``); the decoding flags are :mod:`attnlab.cli.decoding`'s.
+A run whose estimated memory (weights, KV cache, prefill, decoding copies) exceeds the available
+RAM exits with status 2, unless ``--ignore-memory-check`` is given.
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ def add_parser(commands: Any) -> None:
     src.add_argument("--prompt", action="append", help="prompt text (repeat for a batch)")
     src.add_argument("--ids", type=ids, action="append", help="prompt token ids, e.g. 1,2,3")
     src.add_argument("--tokenizer", help="tokenizer.json (default: the model's or run's, if any)")
+    src.add_argument(
+        "--no-source-eos",
+        action="store_true",
+        help="encoder-decoders: do not end each source with the model's EOS id",
+    )
     add_decoding_arguments(p, max_new_tokens=64, temperature=None, seed=None)
     p.add_argument("--no-stream", action="store_true", help="print only at the end")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto")
@@ -145,6 +152,11 @@ def run_generate(args: argparse.Namespace) -> int:
     if not isinstance(model, attnlab.GPT | attnlab.EncoderDecoderTransformer):
         fail(f"{args.model} holds a {type(model).__name__}, which does not generate")
     eos = set(resolve_eos(model, config.eos_ids))
+    source_eos = (
+        model.config.eos_id if isinstance(model, attnlab.EncoderDecoderTransformer) else None
+    )
+    if source_eos is not None and not args.no_source_eos:
+        prompts = [p if p[-1:] == [source_eos] else [*p, source_eos] for p in prompts]
 
     def show(row: list[int]) -> str:
         if tokenizer is None:

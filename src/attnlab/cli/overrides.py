@@ -12,6 +12,7 @@ itself, so errors name the flag and the valid values.
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import types
 import typing
@@ -27,6 +28,19 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 def flag(name: str) -> str:
     """``d_model`` -> ``--d-model``."""
     return "--" + name.replace("_", "-")
+
+
+def flag_message(message: str, keys: Iterable[str]) -> str:
+    """A library message with its field names written as the command's flags: ``warmup=100``
+    -> ``--warmup=100``, ``warmup < steps`` -> ``--warmup < --steps``, ``lr must`` -> ``--lr
+    must`` (only names of ``keys``; other words are left alone)."""
+    names = sorted((k for k in keys if "." not in k), key=len, reverse=True)
+    if not names:
+        return message
+    alt = "|".join(re.escape(k) for k in names)
+    flagged = re.sub(rf"(?<![\w.-])({alt})(?==|\s+must\b)", lambda m: flag(m.group(1)), message)
+    compare = rf"(?<![\w.-])({alt})(\s*(?:<=|>=|<|>)\s*)({alt})(?![\w-])"
+    return re.sub(compare, lambda m: flag(m.group(1)) + m.group(2) + flag(m.group(3)), flagged)
 
 
 def _alternatives(hint: Any) -> tuple[list[Any], bool]:

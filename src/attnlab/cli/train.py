@@ -35,7 +35,7 @@ import torch
 
 from attnlab.analysis.memory_check import IGNORE_FLAG, check_training_fits
 from attnlab.cli.common import fail, guarded
-from attnlab.cli.overrides import help_table, key_types, parse_overrides
+from attnlab.cli.overrides import flag_message, help_table, key_types, parse_overrides
 from attnlab.config import config_to_dict, field_hints
 from attnlab.training.config import TrainConfig
 from attnlab.training.distributed import (
@@ -121,11 +121,15 @@ def run_recipe(args: argparse.Namespace) -> int:
         joined.append(init_distributed())
         return joined[0]
 
-    prepared, result = train_recipe(
-        recipe, out, overrides, resume=args.resume, overwrite=args.overwrite,
-        check=None if args.ignore_memory_check else _check_memory, distributed=join,
-        command=command, on_start=lambda p, run: _print_header(p, run, joined[0], args.resume),
-    )  # fmt: skip
+    try:
+        prepared, result = train_recipe(
+            recipe, out, overrides, resume=args.resume, overwrite=args.overwrite,
+            check=None if args.ignore_memory_check else _check_memory, distributed=join,
+            command=command, on_start=lambda p, run: _print_header(p, run, joined[0], args.resume),
+        )  # fmt: skip
+    except (ValueError, TypeError) as e:  # the config's words, as the command's flags
+        e.args = (flag_message(str(e), recipe_types(recipe)), *e.args[1:])
+        raise
     ctx = joined[0]
     # On an error the process group is left alone: the launcher stops the other processes
     # (tearing it down here could wait for them forever).

@@ -13,13 +13,12 @@ checked to be writable before anything is decoded.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from attnlab.cli.common import check_writable, fail, guarded
+from attnlab.io import atomic_write_json, atomic_write_text
 
 
 def add_parser(commands: Any) -> None:
@@ -33,15 +32,27 @@ def add_parser(commands: Any) -> None:
             "with --eval SPLIT translate a data split and report sacreBLEU (cased and "
             "lowercased, with signatures)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     q.add_argument("model", help="run directory or model directory")
-    q.add_argument("--checkpoint", choices=["averaged", "best", "last"], default=None)
-    q.add_argument("--beam", type=int, default=4, help="beam size (§6.1: 4)")
-    q.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty (§6.1: 0.6)")
+    q.add_argument(
+        "--checkpoint",
+        choices=["averaged", "best", "last"],
+        default=None,
+        help="which model of a run directory (default: averaged, else best, else last)",
+    )
+    q.add_argument("--beam", type=int, default=4, help="beam size (default 4, as §6.1)")
+    q.add_argument(
+        "--alpha", type=float, default=0.6, help="GNMT length penalty (default 0.6, as §6.1)"
+    )
     q.add_argument("--greedy", action="store_true", help="greedy decoding (same as --beam 1)")
-    q.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
+    q.add_argument(
+        "--batch-size", type=int, default=64, help="sentences decoded together (default 64)"
+    )
     q.add_argument("--eval", metavar="SPLIT", default=None, help="score this split instead")
+    q.add_argument(
+        "--limit", type=int, default=None, help="--eval: only the first N sentences of the split"
+    )
+    q.add_argument("--no-progress", action="store_true", help="--eval: no progress bar")
     q.add_argument("--data", default=None, help="data directory (default: the run's)")
     q.add_argument("--src", default=None, help="source language (default: the model's)")
     q.add_argument("--tgt", default=None, help="target language (default: the model's)")
@@ -70,6 +81,8 @@ def run_translate(args: argparse.Namespace) -> int:
     beam = 1 if args.greedy else args.beam
     if beam < 1 or args.batch_size < 1:
         fail(f"--beam and --batch-size must be >= 1, got {beam}, {args.batch_size}")
+    if args.limit is not None and args.limit < 1:
+        fail(f"--limit must be >= 1, got {args.limit}")
     check_writable(args.output, what="--output")
     check_writable(args.json, what="--json")
     t = load_translator(args.model, args.checkpoint)
@@ -85,7 +98,7 @@ def run_translate(args: argparse.Namespace) -> int:
     data = args.data or t.info.get("data")
     if not (src and tgt):
         fail(f"{t.path} does not record its languages: pass --src and --tgt")
-    pairs = load_pairs(data, args.eval, src, tgt)
+    pairs = load_pairs(data, args.eval, src, tgt)[: args.limit]
     start = time.monotonic()
     hyps = translate(
         t.model,
@@ -94,6 +107,7 @@ def run_translate(args: argparse.Namespace) -> int:
         beam=beam,
         alpha=args.alpha,
         batch_size=args.batch_size,
+        progress=not args.no_progress,
     )
     seconds = time.monotonic() - start
     scores = score_bleu(hyps, [r for _, r in pairs])
@@ -106,7 +120,7 @@ def run_translate(args: argparse.Namespace) -> int:
     print(f"BLEU (lowercased) = {scores.bleu_lowercase:.2f}  {scores.signature_lowercase}")
     print(scores.detail)
     if args.output:
-        Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        atomic_write_text(args.output, "".join(h + "\n" for h in hyps))
     if args.json:
         record = {
             "split": args.eval,
@@ -120,7 +134,7 @@ def run_translate(args: argparse.Namespace) -> int:
             "seconds": seconds,
             **scores.to_dict(),
         }
-        Path(args.json).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        atomic_write_json(args.json, record)
     return 0
 
 

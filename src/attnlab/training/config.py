@@ -85,6 +85,9 @@ class TrainConfig(Config):
     fsdp: bool = False  # shard parameters, gradients and optimizer state (FSDP2); else DDP
     # -- reproducibility
     seed: int = 0  # seeds data order, masking and dropout
+    # a fresh run re-seeds torch's RNG (dropout) with seed; False: dropout draws continue from
+    # the state the model's initialisation (under seed) left, as attnlab 0.1's translation did
+    reseed_dropout: bool = True
     deterministic: bool = True  # torch.use_deterministic_algorithms(True, warn_only=True)
 
     def validate(self) -> None:

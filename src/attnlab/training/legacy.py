@@ -21,6 +21,7 @@ training computes.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -30,7 +31,7 @@ import torch
 
 from attnlab.io import atomic_write_text, read_json
 from attnlab.pretrained import WEIGHTS_NAME, load_attnlab
-from attnlab.training.metrics import METRICS_NAME, normalise_record
+from attnlab.training.metrics import METRICS_NAME, read_metrics
 from attnlab.training.rundir import RunDir, RunDirError
 from attnlab.training.state import load_tensors
 
@@ -163,19 +164,11 @@ def _set_progress(trainer: Any, state: dict[str, Any]) -> None:
 
 
 def _rewrite_metrics(run: RunDir) -> None:
-    import json
-
+    """Rewrite an old run's metrics file in the one schema (nothing to do without one)."""
     file = run.path / METRICS_NAME
     if not file.is_file():
         return
-    lines = []
-    for line in file.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and "step" in record:
-            lines.append(json.dumps(normalise_record(record)))
+    lines = [json.dumps(record) for record in read_metrics(file)]
     atomic_write_text(file, "".join(f"{line}\n" for line in lines))
 
 

@@ -46,7 +46,7 @@ from attnlab.io import (
     read_json,
     remove_stale_temp_files,
 )
-from attnlab.pretrained import CONFIG_NAME, WEIGHTS_NAME, save_pretrained
+from attnlab.pretrained import CONFIG_NAME, DIRECTORY_RESOLVERS, WEIGHTS_NAME, save_pretrained
 from attnlab.training.metrics import METRICS_NAME
 from attnlab.training.state import STATE_NAME, STATE_TENSORS_NAME, write_training_state
 
@@ -308,6 +308,16 @@ def resolve_model_directory(path: str | os.PathLike[str]) -> Path:
     if not p.exists():
         raise FileNotFoundError(f"model directory {p} does not exist")
     raise FileNotFoundError(f"{p} holds no model ({WEIGHTS_NAME}) and is not a run directory")
+
+
+def _run_model_directory(path: Path) -> Path | None:
+    """For :func:`attnlab.pretrained.from_pretrained`: a run directory's newest checkpoint."""
+    if RunDir(path).holds_run():
+        return resolve_model_directory(path)
+    return None
+
+
+DIRECTORY_RESOLVERS.append(_run_model_directory)
 
 
 def find_tokenizer(model_dir: str | os.PathLike[str]) -> Path | None:

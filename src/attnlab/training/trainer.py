@@ -64,7 +64,15 @@ class NonFiniteLossError(ValueError):
 
 
 class Callback:
-    """Extra evaluation of a recipe (override what you need)."""
+    """Extra evaluation of a recipe (override what you need).
+
+    Attributes:
+        names: the metrics :meth:`metrics` returns (without ``val_``), when known up front: a
+            ``best_metric`` that no part of the evaluation measures is then refused before
+            training instead of at the first evaluation. ``None``: not declared.
+    """
+
+    names: tuple[str, ...] | None = None
 
     def metrics(
         self, trainer: Trainer, model: nn.Module, base: dict[str, float]
@@ -155,6 +163,20 @@ class Trainer:
         self.evals_since_best = 0
         self.checkpoints = TrainerCheckpoints(self)
         self._val: list[Any] | None = None
+        self._check_best_metric()
+
+    def _check_best_metric(self) -> None:
+        """Refuse a ``best_metric`` that the evaluation cannot measure (when every callback
+        declares its names)."""
+        declared = [cb.names for cb in self.callbacks]
+        if any(names is None for names in declared):
+            return
+        known = ["val_loss", "val_accuracy"] + [f"val_{n}" for ns in declared for n in ns or ()]
+        if self.config.best_metric not in known:
+            raise ValueError(
+                f"best_metric={self.config.best_metric!r} is not measured by this run; "
+                f"choose one of {known}"
+            )
 
     # -- one update ------------------------------------------------------------------------
 
@@ -303,7 +325,9 @@ class Trainer:
         c, main = self.config, self.dist.is_main
         if c.max_epochs is not None and self.stream.epoch is None:
             raise ValueError("max_epochs needs a recipe whose data has epochs; use steps")
-        if self.step == 0:  # a fresh run; a resumed or continued one keeps its RNG state
+        # a fresh run; a resumed or continued one keeps its RNG state. Other processes always
+        # re-seed: their dropout must differ from rank 0's.
+        if self.step == 0 and (c.reseed_dropout or self.dist.rank > 0):
             torch.manual_seed(rank_seed(c.seed, self.dist.rank))
         was_deterministic = torch.are_deterministic_algorithms_enabled()
         warn_only = torch.is_deterministic_algorithms_warn_only_enabled()

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from attnlab.generation.generate import generate
 from attnlab.models.transformer import EncoderDecoderTransformer
@@ -36,6 +37,7 @@ def translate(
     alpha: float = 0.6,
     batch_size: int = 64,
     extra_tokens: int = EXTRA_OUTPUT_TOKENS,
+    progress: bool = False,
 ) -> list[str]:
     """Translate ``sentences`` (plain text) to plain text, in order.
 
@@ -44,6 +46,7 @@ def translate(
         batch_size: sentences decoded together (sorted by length first).
         extra_tokens: the output may be this many tokens longer than the source (capped by
             the model's ``max_seq_len``).
+        progress: a tqdm bar over the sentences (on stderr).
 
     Returns:
         One translation per sentence; an empty (or blank) sentence gives ``""``.
@@ -64,6 +67,7 @@ def translate(
             )
     out = [""] * len(encoded)
     todo = sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
+    bar = tqdm(total=len(todo), unit="sentence", disable=not progress, desc="translating")
     for start in range(0, len(todo), batch_size):
         chunk = todo[start : start + batch_size]
         sources = [[*encoded[i], tokenizer.eos_id] for i in chunk]
@@ -77,6 +81,8 @@ def translate(
         )  # (B, N)
         for i, row in zip(chunk, new.tolist(), strict=True):
             out[i] = tokenizer.decode(row)
+        bar.update(len(chunk))
+    bar.close()
     return out
 
 

@@ -80,6 +80,8 @@ class ExactMatch(Callback):
     """The fraction of held-out sequences whose greedy decoding is exactly the target (EOS
     included): the task's real measure."""
 
+    names = ("exact_match",)
+
     def __init__(self, heldout: list[Seq2SeqBatch], pad_id: int) -> None:
         self.heldout, self.pad_id = heldout, pad_id
 

@@ -24,6 +24,7 @@ Translating with a trained run: :func:`load_translator` (``attnlab translate``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -182,6 +183,7 @@ class TranslationMetrics(Callback):
 
     def __init__(self, tokenizer: TranslationTokenizer, pairs: list[tuple[str, str]]) -> None:
         self.tokenizer, self.pairs = tokenizer, pairs
+        self.names = ("ppl", "bleu") if pairs else ("ppl",)
 
     def metrics(
         self, trainer: Trainer, model: nn.Module, base: dict[str, float]
@@ -195,6 +197,18 @@ class TranslationMetrics(Callback):
 
 def _callbacks(options: Any, config: Any, data: Data) -> list[Callback]:
     return [TranslationMetrics(data.value["tokenizer"], data.value["bleu_pairs"])]
+
+
+def _adjust(options: Any, train: TrainConfig, model: Any, given: set[str]) -> TrainConfig:
+    """Without BLEU (``eval_bleu_sentences=0``) the best model follows the validation loss,
+    unless a best metric was asked for."""
+    if (
+        options.eval_bleu_sentences == 0
+        and train.best_metric == "val_bleu"
+        and not (given & {"best_metric", "train.best_metric"})
+    ):
+        return dataclasses.replace(train, best_metric="val_loss")
+    return train
 
 
 def _best_metric(value: Any) -> dict[str, Any]:
@@ -211,8 +225,12 @@ TRANSLATE = Recipe(
         schedule="noam", warmup=400, label_smoothing=0.1, clip_grad_norm=1.0, eval_every=250,
         best_metric="val_bleu", save_best=True, export_last=True, checkpoint_every=250,
         keep_checkpoints=5, average_last=5, log_every=25,
+        # as attnlab 0.1's loop, so a fixed-seed run reproduces it bitwise: dropout continues
+        # from the RNG state the model's initialisation left, and Adam is the for-loop kernel
+        # (fused Adam differs in the last bit, which 600 steps amplify into other BLEU)
+        reseed_dropout=False, optimizer_impl="for-loop",
     ),
-    _model_config, _data, _objective, _callbacks,
+    _model_config, _data, _objective, _callbacks, _adjust,
     run_name=lambda o: f"translate-{o.src}-{o.tgt}",
     derived=("vocab_size", "max_seq_len"),
     # the largest batch: max_tokens padded tokens as sequences of the full length
