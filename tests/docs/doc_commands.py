@@ -18,6 +18,7 @@ environment, in the same directory.
     python tests/docs/doc_commands.py README.md            # CI's variant, prints the script
     python tests/docs/doc_commands.py README.md --run      # run it in a temporary copy
     python tests/docs/doc_commands.py README.md --run --full --fresh-venv   # a newcomer's path
+    python tests/docs/doc_commands.py README.md --run --full --fresh-venv --until Translation
 """
 
 from __future__ import annotations
@@ -77,16 +78,30 @@ def blocks(path: Path) -> list[Block]:
     return out
 
 
-def script(path: Path, *, full: bool = False, activate: bool = False) -> str:
+def heading_line(path: Path, heading: str) -> int:
+    """The line (from 1) of the first Markdown heading of ``path`` whose text starts with
+    ``heading`` (``"Translation"`` finds ``### Translation: ...``)."""
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.startswith("#") and line.lstrip("#").strip().startswith(heading):
+            return n
+    raise ValueError(f"{path.name} has no heading starting with {heading!r}")
+
+
+def script(
+    path: Path, *, full: bool = False, activate: bool = False, until: str | None = None
+) -> str:
     """The bash script that runs ``path``'s commands (CI's variant, or with ``full`` the
-    document's own commands, set-up included)."""
+    document's own commands, set-up included), up to the heading ``until`` if given."""
     rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    stop = heading_line(path, until) if until else None
     parts = ["set -euo pipefail"]
     if activate:
         parts.append("source .venv/bin/activate")
     for n, b in enumerate(blocks(path)):
         if b.lang not in ("bash", "sh", "python"):
             continue
+        if stop is not None and b.line > stop:
+            break
         where = f"{rel}:{b.line}"
         code = b.code
         if b.directive == "skip" or (b.directive == "setup" and not full):
@@ -155,18 +170,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--full", action="store_true", help="the documents' own commands, set-up too")
     p.add_argument("--fresh-venv", action="store_true", help="no .venv: the set-up makes one")
     p.add_argument("--keep", action="store_true", help="keep the temporary copy")
+    p.add_argument("--until", metavar="HEADING", help="stop at this heading (e.g. 'Translation')")
     args = p.parse_args(argv)
     docs = [d.resolve() for d in args.documents]
     if not args.run:
         for i, doc in enumerate(docs):
-            sys.stdout.write(script(doc, full=args.full, activate=i > 0 or doc.name != "README.md"))
+            sys.stdout.write(
+                script(
+                    doc, full=args.full, activate=i > 0 or doc.name != "README.md", until=args.until
+                )
+            )
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="attnlab-docs-"))
     copy = fresh_copy(tmp, venv=None if args.fresh_venv else Path(sys.prefix))
     (tmp / "home").mkdir()
     try:
         for i, doc in enumerate(docs):
-            text = script(doc, full=args.full, activate=i > 0 or doc.name != "README.md")
+            activate = i > 0 or doc.name != "README.md"
+            text = script(doc, full=args.full, activate=activate, until=args.until)
             start = time.perf_counter()
             done = run(text, copy, timeout=6 * 3600, home=tmp / "home")
             seconds = time.perf_counter() - start

@@ -43,6 +43,10 @@ def test_the_scripts_name_every_block() -> None:
     assert "source .venv/bin/activate" in text  # the README activates the environment itself
     full = dc.script(dc.ROOT / "README.md", full=True)
     assert "pip install -e" in full and "(CI variant)" not in full
+    first_hour = dc.script(dc.ROOT / "README.md", full=True, until="Translation")
+    assert "attnlab train reverse" in first_hour and "train translate" not in first_hour
+    with pytest.raises(ValueError, match="no heading"):
+        dc.script(dc.ROOT / "README.md", until="No such heading")
 
 
 @pytest.fixture(scope="module")

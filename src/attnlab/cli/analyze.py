@@ -102,7 +102,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--measure",
         action="store_true",
-        help="also run one step on the CPU: FlopCounterMode count, step time, MFU",
+        help="also run one step on the CPU: FlopCounterMode count (math attention), step time, MFU",
     )
     p.add_argument("--meta", action="store_true", help="build on the meta device, count params")
     p.add_argument("--step-time", type=float, default=None, help="measured step seconds (MFU)")

@@ -18,6 +18,8 @@ from typing import NoReturn
 
 from safetensors import SafetensorError
 
+from attnlab.cli.overrides import flag_message
+
 EXPECTED_ERRORS = (
     ValueError,
     TypeError,
@@ -55,7 +57,9 @@ def guarded(prog: str, body: Callable[[argparse.Namespace], int]) -> Callable[..
         except (CommandError, *EXPECTED_ERRORS) as e:
             if os.environ.get("ATTNLAB_DEBUG") == "1":  # the traceback, for bug reports
                 raise
-            print(f"{prog}: error: {_message(e)}", file=sys.stderr)
+            # Library messages name Python arguments (``seq_len must ...``); say the flag.
+            names = [k for k in vars(args) if "_" in k and not k.startswith("_")]
+            print(f"{prog}: error: {flag_message(_message(e), names)}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
             print(f"{prog}: interrupted", file=sys.stderr)
