@@ -44,13 +44,28 @@ from torch import Tensor, nn
 from attnlab.analysis.params import PARAM_FORMULAS, count_params
 from attnlab.config import config_to_dict
 from attnlab.interop.family import UnsupportedCheckpointError
-from attnlab.interop.hf import HF_FAMILIES, load_hf, read_config
+from attnlab.interop.hf import (
+    BIN_INDEX,
+    BIN_NAME,
+    HF_FAMILIES,
+    SAFETENSORS_INDEX,
+    load_hf,
+    read_config,
+)
 from attnlab.interop.keymap import CheckpointMismatchError
 from attnlab.io import json_text, write_files_together
 from attnlab.models import MODEL_TYPES, build_model, config_from_json_dict
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
+# the weight files a model directory may hold: attnlab's, then Hugging Face's other layouts
+WEIGHT_FILES = (WEIGHTS_NAME, SAFETENSORS_INDEX, BIN_NAME, BIN_INDEX)
+
+
+def holds_weights(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a model directory: weights in one of :data:`WEIGHT_FILES`."""
+    return any((Path(path) / name).is_file() for name in WEIGHT_FILES)
+
 
 M = TypeVar("M", bound=nn.Module)
 

@@ -96,8 +96,8 @@ def test_measure_and_mfu(capsys: pytest.CaptureFixture[str]) -> None:
     ("argv", "match"),
     [
         (["no-such-model"], "neither a preset nor a config file"),
-        (["gpt2-small", "--seq-len", "0"], "seq_len must be a positive integer"),
-        (["gpt2-small", "--seq-len", "-3"], "seq_len must be a positive integer"),
+        (["gpt2-small", "--seq-len", "0"], "--seq-len must be a positive integer"),
+        (["gpt2-small", "--seq-len", "-3"], "--seq-len must be a positive integer"),
         (["gpt2-small", "--batch", "0"], "batch must be a positive integer"),
         (["bert-base", "--src-len", "4"], "src_len applies to encoder-decoder"),
         (["gpt2-small", "--window", "0"], "window must be a positive integer"),

@@ -106,8 +106,9 @@ def test_8_header_summary_json_and_only_the_recipes_options(
 
 @needs_data
 def test_8_the_snake_spelling_works_with_a_note(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr("attnlab.cli.overrides._WARNED", set())  # once per process
     argv = ["train", "shakespeare-char", *TINY, "--d_ff=64", "--out", str(tmp_path / "r")]
     assert main(argv) == 0
     err = capsys.readouterr().err

@@ -288,9 +288,13 @@ def test_generate_checks_memory_unless_told_not_to(
     assert status == 2
     assert "generating with GPTConfig (float32, 1 sequence of 3 + 2 tokens) needs an" in err
     assert "kv cache" in err and "1.00 KiB of memory available" in err
+    status, err = run_cli(["generate", str(hf), *args], capsys)  # the config, not the file
+    assert status == 2 and "generating with GPTConfig (float32, 1 sequence of 3 + 2" in err
+    (hf / "model.safetensors").rename(hf / "pytorch_model.bin")  # not a real .bin: only sized
     status, err = run_cli(["generate", str(hf), *args], capsys)
-    size = human_bytes((hf / "model.safetensors").stat().st_size)
+    size = human_bytes((hf / "pytorch_model.bin").stat().st_size)
     assert status == 2 and f"loading {hf} needs an estimated {size} (weights {size})" in err
+    (hf / "pytorch_model.bin").rename(hf / "model.safetensors")
     for path in (ours, hf):
         assert run_cli(["generate", str(path), *args, "--ignore-memory-check"], capsys)[0] == 0
 

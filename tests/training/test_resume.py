@@ -186,3 +186,21 @@ def test_resume_falls_back_to_the_newest_checkpoint_that_loads(
     for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values(),
                     strict=True):  # fmt: skip
         assert torch.equal(a, b)
+
+
+def test_a_run_whose_checkpoints_are_all_gone_is_never_started_over(tmp_path: Path) -> None:
+    """Its metrics prove a checkpoint had completed: starting from step 0 would rewrite them."""
+    import dataclasses
+    import shutil
+
+    config = dataclasses.replace(CONFIG, checkpoint_every=2)
+    torch.manual_seed(0)
+    stream = TokenStream(torch.randint(11, (2000,), generator=torch.Generator().manual_seed(1)))
+    first = Trainer(GPT(TINY), CausalLMObjective(stream, block_size=8), config, run_dir=tmp_path)
+    first.fit(until=5)
+    shutil.rmtree(tmp_path / "checkpoints")
+    before = (tmp_path / "metrics.jsonl").read_bytes()
+    again = Trainer(GPT(TINY), CausalLMObjective(stream, block_size=8), config, run_dir=tmp_path)
+    with pytest.raises(RunDirError, match=r"none is left, but metrics.jsonl records .* step 5"):
+        again.fit(resume=True)
+    assert (tmp_path / "metrics.jsonl").read_bytes() == before

@@ -95,17 +95,20 @@ def _stream_text(
 def _check_memory(
     directory: Path, device: str, prompts: list[list[int]], config: GenerationConfig
 ) -> None:
-    """Refuse before loading when the weights, KV cache and prefill cannot fit in RAM (an attnlab
-    config is estimated in full; a Hugging Face one by its weight files' size)."""
+    """Refuse before loading when the weights, KV cache and prefill cannot fit in RAM: the
+    model the config describes is estimated in full (attnlab's, or a Hugging Face one read from
+    its config and safetensors headers); a ``.bin`` checkpoint by its files' size."""
     from attnlab.analysis.memory_check import MemoryEstimate, check_fits, estimate_generation
-    from attnlab.interop.hf import read_config
+    from attnlab.interop.hf import hf_model_config, read_config
     from attnlab.models import config_from_json_dict
     from attnlab.pretrained import is_attnlab_config
     from attnlab.transforms.decode_weights import copy_numel
 
     data = read_config(directory)
-    if is_attnlab_config(data):
-        model_config = config_from_json_dict(data)
+    model_config = (
+        config_from_json_dict(data) if is_attnlab_config(data) else hf_model_config(directory)
+    )
+    if model_config is not None:
         estimate = estimate_generation(
             model_config, batch=len(prompts), prompt_len=max(1, *map(len, prompts)),
             max_new_tokens=config.max_new_tokens,

@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from attnlab.analysis.params import PARAM_FORMULAS, count_params
 from attnlab.interop.family import HFConfig, HFFamily, UnsupportedCheckpointError
 from attnlab.interop.hf_bert import FAMILY as BERT
 from attnlab.interop.hf_bloom import FAMILY as BLOOM
@@ -31,7 +33,7 @@ from attnlab.interop.hf_gpt2 import FAMILY as GPT2
 from attnlab.interop.hf_llama import FAMILY as LLAMA
 from attnlab.interop.hf_marian import FAMILY as MARIAN
 from attnlab.interop.hf_vit import FAMILY as VIT
-from attnlab.interop.keymap import load_into
+from attnlab.interop.keymap import CheckpointMismatchError, load_into
 from attnlab.io import read_json, write_files_together
 from attnlab.models import build_model
 from attnlab.registry import Registry
@@ -140,6 +142,44 @@ def read_weights(path: str | os.PathLike[str]) -> dict[str, Tensor]:
     )
 
 
+def weight_names(path: str | os.PathLike[str]) -> set[str] | None:
+    """The tensor names of a checkpoint's safetensors file(s), from their headers (no tensor data
+    is read); ``None`` for ``.bin`` checkpoints, whose names need the data."""
+    directory = Path(path)
+    if (directory / SAFETENSORS_NAME).is_file():
+        files = [directory / SAFETENSORS_NAME]
+    elif (directory / SAFETENSORS_INDEX).is_file():
+        files = list(_shards(directory, SAFETENSORS_INDEX))
+    else:
+        return None
+    names: set[str] = set()
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                names.update(f.keys())
+        except SafetensorError as e:
+            raise ValueError(f"{file} is not a readable safetensors file: {e}") from None
+    return names
+
+
+def hf_model_config(path: str | os.PathLike[str]) -> Any | None:
+    """The attnlab config a Hugging Face directory describes, built from ``config.json`` and the
+    weight names in the safetensors headers (nothing is loaded; ``None`` for ``.bin`` files).
+
+    Raises:
+        UnsupportedCheckpointError: for an unsupported family or option.
+    """
+    directory = Path(path)
+    data = read_config(directory)
+    family = family_for(data)
+    names = weight_names(directory)
+    if names is None:
+        return None
+    p = family.prefix + "."
+    names = {n[len(p) :] if n.startswith(p) else n for n in names}
+    return family.config_from_hf(HFConfig(data, family.name, _special_tokens(directory)), names)
+
+
 def _special_tokens(directory: Path) -> dict[str, int]:
     """Special token text -> id from ``tokenizer.json``'s ``added_tokens`` (empty if absent)."""
     file = directory / "tokenizer.json"
@@ -177,6 +217,31 @@ def _strip_prefix(weights: Mapping[str, Tensor], prefix: str) -> dict[str, Tenso
     return {(k[len(p) :] if k.startswith(p) else k): v for k, v in weights.items()}
 
 
+def check_claimed_size(directory: Path, config: Any, weights: Mapping[str, Tensor]) -> None:
+    """Refuse a ``config.json`` claiming far more parameters than its weight files hold (a
+    million layers or a huge hidden size beside a small file), before the model is built.
+
+    Hugging Face files may hold extra buffers or omit a tied or unused tensor, so the check
+    allows twice the stored count plus 2**20 elements; a config that passes but does not
+    describe the weights is refused later by the strict key/shape match.
+
+    Raises:
+        CheckpointMismatchError: naming both counts and the config's sizes.
+    """
+    if type(config) not in PARAM_FORMULAS:
+        return
+    stored = sum(t.numel() for t in weights.values())
+    implied = count_params(config)
+    if implied > 2 * stored + (1 << 20):
+        fields = ("d_model", "n_heads", "n_layers", "d_ff", "vocab_size", "max_seq_len")
+        sizes = ", ".join(f"{k}={getattr(config, k)}" for k in fields if hasattr(config, k))
+        raise CheckpointMismatchError(
+            f"{directory / 'config.json'} describes a model of {implied:,} parameters "
+            f"({sizes}) but the weight files hold {stored:,}: the config does not describe "
+            "these weights (nothing was built)"
+        )
+
+
 def load_hf(
     path: str | os.PathLike[str],
     *,
@@ -203,6 +268,7 @@ def load_hf(
     weights = _strip_prefix(read_weights(directory), family.prefix)
     hf_config = HFConfig(data, family.name, _special_tokens(directory))
     config = family.config_from_hf(hf_config, set(weights))
+    check_claimed_size(directory, config, weights)
     model = build_model(config, device=device)
     what = f"{family.name} checkpoint {directory}"
     load_into(model, family.keymap(config), weights, what=what, strict=strict)

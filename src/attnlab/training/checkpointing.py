@@ -46,7 +46,7 @@ from attnlab.training.distributed import (
     load_full_state,
     rank_seed,
 )
-from attnlab.training.metrics import MetricsLogger
+from attnlab.training.metrics import MetricsLogger, read_metrics
 from attnlab.training.objectives import DataStream
 from attnlab.training.rundir import RunDir, RunDirError
 from attnlab.training.state import load_tensors, read_training_state, rng_state, set_rng_state
@@ -230,13 +230,38 @@ class TrainerCheckpoints:
                 logger.warning("resuming from %s (skipped: %s)", directory, "; ".join(skipped))
             return directory, state, weights
         # A run whose first checkpoint never completed (no pointer yet) starts again; one that
-        # had a complete checkpoint (a pointer, or complete-looking ones that fail) never does.
-        if skipped or (run.checkpoints / "latest").exists():
+        # had a complete checkpoint (a pointer, complete-looking ones that fail, or a metrics
+        # history past the first scheduled checkpoint) never does: that would rewrite history.
+        history = self._history_past_first_checkpoint()
+        if skipped or (run.checkpoints / "latest").exists() or history is not None:
+            if skipped:
+                why = f" (tried: {'; '.join(skipped)})"
+            elif history is not None and not run.checkpoint_dirs():
+                why = f" (none is left, but {history})"
+            else:
+                why = " (all are incomplete)"
             raise RunDirError(
-                f"--resume: no checkpoint of {run.path} loads"
-                + (f" (tried: {'; '.join(skipped)})" if skipped else " (all are incomplete)")
-                + "; nothing was changed. Start a new run with another --out, or --overwrite"
+                f"--resume: no checkpoint of {run.path} loads{why}; nothing was changed. "
+                "Start a new run with another --out, or --overwrite"
             )
+        return None
+
+    def _history_past_first_checkpoint(self) -> str | None:
+        """What in ``metrics.jsonl`` proves a checkpoint had completed, if anything: a record of
+        a step past the first scheduled checkpoint (saved before that step ran), or the record
+        of a finished run."""
+        run, every = self.t.run, self.t.config.checkpoint_every
+        if run is None:
+            return None
+        try:
+            records = read_metrics(run.path)
+        except (OSError, ValueError):
+            return None
+        if any(r.get("split") == "final" for r in records):
+            return "metrics.jsonl records a finished run"
+        steps = [int(r["step"]) for r in records if isinstance(r.get("step"), int)]
+        if every > 0 and steps and max(steps) > every:
+            return f"metrics.jsonl records training to step {max(steps)}"
         return None
 
     # -- the end of a run ------------------------------------------------------------------

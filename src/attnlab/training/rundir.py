@@ -46,7 +46,14 @@ from attnlab.io import (
     read_json,
     remove_stale_temp_files,
 )
-from attnlab.pretrained import CONFIG_NAME, DIRECTORY_RESOLVERS, WEIGHTS_NAME, save_pretrained
+from attnlab.pretrained import (
+    CONFIG_NAME,
+    DIRECTORY_RESOLVERS,
+    WEIGHT_FILES,
+    WEIGHTS_NAME,
+    holds_weights,
+    save_pretrained,
+)
 from attnlab.training.metrics import METRICS_NAME
 from attnlab.training.state import STATE_NAME, STATE_TENSORS_NAME, write_training_state
 
@@ -298,7 +305,7 @@ def resolve_model_directory(path: str | os.PathLike[str]) -> Path:
     p = Path(path)
     if p.is_file():
         raise NotADirectoryError(f"{p} is a file; expected a model or run directory")
-    if (p / WEIGHTS_NAME).is_file():
+    if holds_weights(p):
         return p
     if p.is_dir() and RunDir(p).holds_run():
         latest = RunDir(p).latest()
@@ -307,7 +314,9 @@ def resolve_model_directory(path: str | os.PathLike[str]) -> Path:
         return latest
     if not p.exists():
         raise FileNotFoundError(f"model directory {p} does not exist")
-    raise FileNotFoundError(f"{p} holds no model ({WEIGHTS_NAME}) and is not a run directory")
+    raise FileNotFoundError(
+        f"{p} holds no model (one of {', '.join(WEIGHT_FILES)}) and is not a run directory"
+    )
 
 
 def _run_model_directory(path: Path) -> Path | None:

@@ -162,6 +162,7 @@ class Trainer:
         self.best_step: int | None = None
         self.evals_since_best = 0
         self.checkpoints = TrainerCheckpoints(self)
+        self._resumed: bool | None = None  # what resume() found, before fit
         self._val: list[Any] | None = None
         self._check_best_metric()
 
@@ -292,8 +293,11 @@ class Trainer:
         return self.checkpoints.save()
 
     def resume(self) -> bool:
-        """Load the newest checkpoint that loads; returns whether one was loaded."""
-        return self.checkpoints.resume()
+        """Load the newest checkpoint that loads; returns whether one was loaded. A later
+        ``fit(resume=True)`` continues from it without loading again (so a caller can refuse
+        a run, or record its session, between the two)."""
+        self._resumed = self.checkpoints.resume()
+        return self._resumed
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -333,7 +337,7 @@ class Trainer:
         warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
         if c.deterministic:  # restored when fit returns
             torch.use_deterministic_algorithms(True, warn_only=True)
-        resumed = resume and self.checkpoints.resume()
+        resumed = resume and (self._resumed if self._resumed is not None else self.resume())
         log = None
         if self.run is not None and main:  # only rank 0 writes files
             log = MetricsLogger(self.run.path, tensorboard=c.tensorboard,

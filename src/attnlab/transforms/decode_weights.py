@@ -38,6 +38,8 @@ Shapes: (..., in) -> (..., out).
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -182,11 +184,34 @@ def copy_numel(model: nn.Module | Any) -> int:
     any device, ``meta`` included), or for the model a config builds (built on ``meta``: free,
     for estimates before building)."""
     if not isinstance(model, nn.Module):
-        model = build_model(model, device="meta")
+        return _config_copy_numel(model)
     attentions, linears = _decoder_parts(model)
     layers = [lin for mha in attentions for lin in (mha.q_proj, mha.k_proj, mha.v_proj)]
     tensors = [t for lin in [*layers, *linears] for t in (lin.weight, lin.bias) if t is not None]
     return sum(t.numel() for t in tensors)
+
+
+def _config_copy_numel(config: Any) -> int:
+    """:func:`copy_numel` of the model ``config`` builds, from models of one and two layers
+    (built on ``meta``), so that a config claiming a million layers costs nothing to estimate;
+    a config whose layers are not alike (per-layer options) is built whole."""
+    fields = [
+        f.name for f in dataclasses.fields(config) if re.fullmatch(r"n_(\w+_)?layers", f.name)
+    ]
+    counts = {name: getattr(config, name) for name in fields}
+    n = next(iter(counts.values()), None)
+    if not isinstance(n, int) or n < 3 or any(v != n for v in counts.values()):
+        return copy_numel(build_model(config, device="meta"))
+    try:
+        one = dataclasses.replace(config, **dict.fromkeys(fields, 1))
+        two = dataclasses.replace(config, **dict.fromkeys(fields, 2))
+    except (TypeError, ValueError):  # per-layer options tied to the layer count
+        return copy_numel(build_model(config, device="meta"))
+    c1, c2 = (
+        copy_numel(build_model(one, device="meta")),
+        copy_numel(build_model(two, device="meta")),
+    )
+    return c1 + (n - 1) * (c2 - c1)
 
 
 def _pays(linears: Sequence[nn.Linear], rows: int, stacked: bool) -> bool:

@@ -134,6 +134,8 @@ def train_recipe(
         callbacks=prepared.callbacks, d_model=getattr(prepared.model_config, "d_model", None),
         distributed=ctx,
     )  # fmt: skip
+    if resume:  # before the record is touched: a refused resume changes nothing
+        trainer.resume()
     if ctx.is_main:
         run.write_record(prepared.record(), session={"command": command, "resume": resume})
     return prepared, trainer.fit(resume=resume)
