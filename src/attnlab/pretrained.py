@@ -248,6 +248,31 @@ def load_attnlab(path: str | os.PathLike[str], *, device: torch.device | str = "
     return model.eval()
 
 
+def check_claimed_size(directory: Path, config: Any, weights: Mapping[str, Tensor]) -> None:
+    """Refuse a ``config.json`` claiming far more parameters than its weight files hold (a
+    million layers or a huge hidden size beside a small file), before the model is built.
+
+    Hugging Face files may hold extra buffers or omit a tied or unused tensor, so the check
+    allows twice the stored count plus 2**20 elements; a config that passes but does not
+    describe the weights is refused later by the strict key/shape match.
+
+    Raises:
+        CheckpointMismatchError: naming both counts and the config's sizes.
+    """
+    if type(config) not in PARAM_FORMULAS:
+        return
+    stored = sum(t.numel() for t in weights.values())
+    implied = count_params(config)
+    if implied > 2 * stored + (1 << 20):
+        fields = ("d_model", "n_heads", "n_layers", "d_ff", "vocab_size", "max_seq_len")
+        sizes = ", ".join(f"{k}={getattr(config, k)}" for k in fields if hasattr(config, k))
+        raise CheckpointMismatchError(
+            f"{directory / 'config.json'} describes a model of {implied:,} parameters "
+            f"({sizes}) but the weight files hold {stored:,}: the config does not describe "
+            "these weights (nothing was built)"
+        )
+
+
 # Higher floors teach from_pretrained more directory layouts without this module importing them:
 # each resolver maps a directory that holds no config.json to the model directory inside it, or
 # returns None (attnlab.training.rundir: a run directory -> its newest complete checkpoint).
@@ -272,6 +297,7 @@ def from_pretrained(
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
     strict: bool = True,
+    allow_non_finite: bool = False,
 ) -> nn.Module:
     """Load a model directory, attnlab's or Hugging Face's, as an attnlab model (eval mode).
 
@@ -286,6 +312,8 @@ def from_pretrained(
         dtype: convert the parameters to this dtype (default: as built, float32).
         strict: Hugging Face checkpoints only: with ``False``, missing/unexpected tensors are
             logged instead of raised. attnlab checkpoints always load strictly.
+        allow_non_finite: load parameters holding NaN or infinite values (refused by
+            default, naming the tensor).
 
     Raises:
         FileNotFoundError: for a missing directory, ``config.json`` or weights file.
@@ -294,6 +322,7 @@ def from_pretrained(
             that do not match (:class:`~attnlab.interop.keymap.CheckpointMismatchError`, naming
             every key and expected shape; for attnlab's format, a parameter count in the
             safetensors header other than the config's, checked before the model is built).
+        NonFiniteWeightsError: (a ValueError) for parameters holding NaN or inf values.
     """
     path = resolve_directory(path)
     data = read_config(path)
@@ -305,9 +334,37 @@ def from_pretrained(
             f"({', '.join(HF_FAMILIES.keys())})"
         )
     if not is_attnlab_config(data):
-        return load_hf(path, device=device, dtype=dtype, strict=strict)
-    model = load_attnlab(path, device=device)
+        model = load_hf(path, device=device, strict=strict, before_build=check_claimed_size)
+    else:
+        model = load_attnlab(path, device=device)
+    if not allow_non_finite:
+        check_finite_parameters(model, path)
     return model.to(dtype) if dtype is not None else model
+
+
+class NonFiniteWeightsError(ValueError):
+    """A checkpoint whose parameters hold NaN or infinite values."""
+
+
+def check_finite_parameters(model: nn.Module, where: str | os.PathLike[str]) -> None:
+    """Refuse a model loaded from ``where`` whose parameters hold NaN or infinite values (it
+    would decode arbitrary tokens), naming the first such tensor and how many values are bad.
+
+    Raises:
+        NonFiniteWeightsError: naming the tensor.
+    """
+    for name, p in model.named_parameters():
+        if p.device.type == "meta" or not p.is_floating_point():
+            continue
+        finite = torch.isfinite(p)
+        if not bool(finite.all()):
+            bad = int((~finite).sum())
+            kind = "NaN" if bool(torch.isnan(p).any()) else "infinite"
+            raise NonFiniteWeightsError(
+                f"{where}: parameter {name} {tuple(p.shape)} holds {bad:,} {kind} value"
+                f"{'s' * (bad > 1)}; the checkpoint is damaged (from_pretrained(..., "
+                "allow_non_finite=True) loads it anyway)"
+            )
 
 
 # -- the conveniences on every model class ------------------------------------------------------

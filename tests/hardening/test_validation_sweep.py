@@ -53,10 +53,12 @@ from attnlab.analysis import memory_check as mc
 from attnlab.cli import main as cli_main
 from attnlab.config import config_from_dict
 from attnlab.generation import ContextLengthError
-from attnlab.interop import load_tokenizer, save_hf
+from attnlab.generation.processors import NonFiniteLogitsError
+from attnlab.interop import CheckpointMismatchError, load_tokenizer, save_hf
 from attnlab.layers.attention_linear import favor_projection
 from attnlab.layers.patch_embedding import PatchEmbedding, patchify, unpatchify
 from attnlab.models import config_for, config_from_json_dict
+from attnlab.pretrained import NonFiniteWeightsError
 from attnlab.sentence import embed
 from attnlab.tokenizers import load_tokenizer as load_any_tokenizer
 from attnlab.viz.capture import fuse_heads
@@ -228,6 +230,19 @@ def lay_out_checkpoints(root: Path) -> None:
     (root / "runs" / "old" / "run.json").write_text(json.dumps(run.record()))  # killed before
     # its first checkpoint
     (root / "runs" / "no_checkpoint").mkdir()
+    # round 2 (issue 19): non-finite weights, a config claiming a huge model, a lost history
+    nan = build_model(TINY_GPT)
+    with torch.no_grad():
+        nan.tok_embed.weight[0, 0] = float("nan")
+    nan.save_pretrained(ck / "nan_gpt")
+    save_hf(model("gpt"), ck / "hf_bomb")
+    cfg = json.loads((ck / "hf_bomb" / "config.json").read_text())
+    (ck / "hf_bomb" / "config.json").write_text(json.dumps({**cfg, "n_layer": 10**6}))
+    (root / "runs" / "lost").mkdir()
+    (root / "runs" / "lost" / "run.json").write_text(json.dumps(run.record()))
+    (root / "runs" / "lost" / "metrics.jsonl").write_text(
+        '{"split": "train", "step": 1000, "loss": 1.5}\n'
+    )  # trained past its first checkpoint (step 500), whose directory is gone
 
 
 # ---------------------------------------------------------------------------- the table
@@ -589,6 +604,13 @@ ROWS: list[Row] = [
     Row("cli", "attnlab analyze", "seq-len 0", lambda: cli("analyze", "gpt2-small", "--seq-len", "0"), CLIExitError),
     Row("cli", "attnlab viz masks", "unknown mask kind", lambda: cli("viz", "masks", "--kinds", "diagonal"), CLIExitError),
     Row("cli", "attnlab embed", "no --text", lambda: cli("embed", "ckpt/a_bert"), CLIExitError),
+    # round 2 (issue 19)
+    Row("checkpoints", "from_pretrained", "a parameter holding NaN", lambda: attnlab.from_pretrained("ckpt/nan_gpt"), NonFiniteWeightsError),
+    Row("checkpoints", "from_pretrained", "a Hugging Face config claiming a million layers", lambda: attnlab.from_pretrained("ckpt/hf_bomb"), CheckpointMismatchError),
+    Row("generation", "generate", "a model whose logits are NaN", lambda: G.generate(attnlab.from_pretrained("ckpt/nan_gpt", allow_non_finite=True), ids(1, 3), max_new_tokens=2), NonFiniteLogitsError),
+    Row("generation", "beam_search", "a model whose logits are NaN", lambda: G.beam_search(attnlab.from_pretrained("ckpt/nan_gpt", allow_non_finite=True), ids(1, 3), max_new_tokens=2, num_beams=2), NonFiniteLogitsError),
+    Row("cli", "attnlab generate", "a checkpoint holding NaN", lambda: cli("generate", "ckpt/nan_gpt", "--ids", "1"), CLIExitError),
+    Row("cli", "attnlab train shakespeare-char", "--resume of a run whose checkpoints are gone", lambda: cli("train", "shakespeare-char", "--data=corpus.txt", "--out", "runs/lost", "--resume"), CLIExitError),
 ]
 # fmt: on
 

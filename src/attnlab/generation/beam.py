@@ -31,7 +31,11 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.generation.config import LENGTH_NORM_NAMES, GenerationConfig, resolve_config
-from attnlab.generation.processors import LogitsProcessor, LogitsProcessorList
+from attnlab.generation.processors import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    check_finite_logits,
+)
 from attnlab.generation.prompts import PromptInput
 from attnlab.generation.request import (
     eval_mode,
@@ -122,6 +126,7 @@ def beam_search(
         session.select(expand)
         logits = logits.index_select(0, expand)  # (B·K, V)
         for t in range(request.max_new_tokens):
+            check_finite_logits(logits, t)
             log_probs = chain(torch.log_softmax(logits.float(), dim=-1))  # (B·K, V)
             origin, tokens = search.advance(log_probs, t)
             if search.all_done or t + 1 == request.max_new_tokens:

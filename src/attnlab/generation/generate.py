@@ -30,7 +30,12 @@ from torch import Tensor, nn
 
 from attnlab.generation.beam import beam_search
 from attnlab.generation.config import GenerationConfig, resolve_config
-from attnlab.generation.processors import LogitsProcessor, build_processors, select_tokens
+from attnlab.generation.processors import (
+    LogitsProcessor,
+    build_processors,
+    check_finite_logits,
+    select_tokens,
+)
 from attnlab.generation.prompts import PromptInput
 from attnlab.generation.request import (
     GenerationRequest,
@@ -116,6 +121,7 @@ def _steps(
             finished = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
         for t in range(request.max_new_tokens):
             with torch.inference_mode():
+                check_finite_logits(logits, t)
                 tokens = select_tokens(chain(logits.float()), sample=sample, generator=generator)
                 tokens = tokens.masked_fill(finished, pad)  # (B·R,)
                 if eos.numel():

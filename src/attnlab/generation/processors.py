@@ -189,6 +189,25 @@ def build_processors(
     return chain
 
 
+class NonFiniteLogitsError(ValueError):
+    """The model's next-token logits hold NaN or infinite values (non-finite weights or inputs,
+    or an overflow): decoding stops instead of emitting arbitrary tokens."""
+
+
+def check_finite_logits(logits: Tensor, step: int) -> None:
+    """Raise :class:`NonFiniteLogitsError` if the raw logits ``(B, V)`` of decoding step
+    ``step`` (0: the prefill's) hold a non-finite value, naming the first such row."""
+    bad = ~torch.isfinite(logits).all(dim=-1)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        kind = "NaN" if bool(torch.isnan(logits[row]).any()) else "infinite"
+        raise NonFiniteLogitsError(
+            f"the model's next-token logits are {kind} at step {step} (sequence {row}): its "
+            "weights or inputs hold non-finite values, or the computation overflowed; no "
+            "token was chosen from them"
+        )
+
+
 def select_tokens(
     logits: Tensor, *, sample: bool, generator: torch.Generator | None = None
 ) -> Tensor:
@@ -208,9 +227,11 @@ __all__ = [
     "LogitsProcessor",
     "LogitsProcessorList",
     "MinP",
+    "NonFiniteLogitsError",
     "Temperature",
     "TopK",
     "TopP",
     "build_processors",
+    "check_finite_logits",
     "select_tokens",
 ]

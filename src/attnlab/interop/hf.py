@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,6 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from attnlab.analysis.params import PARAM_FORMULAS, count_params
 from attnlab.interop.family import HFConfig, HFFamily, UnsupportedCheckpointError
 from attnlab.interop.hf_bert import FAMILY as BERT
 from attnlab.interop.hf_bloom import FAMILY as BLOOM
@@ -33,7 +32,7 @@ from attnlab.interop.hf_gpt2 import FAMILY as GPT2
 from attnlab.interop.hf_llama import FAMILY as LLAMA
 from attnlab.interop.hf_marian import FAMILY as MARIAN
 from attnlab.interop.hf_vit import FAMILY as VIT
-from attnlab.interop.keymap import CheckpointMismatchError, load_into
+from attnlab.interop.keymap import load_into
 from attnlab.io import read_json, write_files_together
 from attnlab.models import build_model
 from attnlab.registry import Registry
@@ -217,37 +216,13 @@ def _strip_prefix(weights: Mapping[str, Tensor], prefix: str) -> dict[str, Tenso
     return {(k[len(p) :] if k.startswith(p) else k): v for k, v in weights.items()}
 
 
-def check_claimed_size(directory: Path, config: Any, weights: Mapping[str, Tensor]) -> None:
-    """Refuse a ``config.json`` claiming far more parameters than its weight files hold (a
-    million layers or a huge hidden size beside a small file), before the model is built.
-
-    Hugging Face files may hold extra buffers or omit a tied or unused tensor, so the check
-    allows twice the stored count plus 2**20 elements; a config that passes but does not
-    describe the weights is refused later by the strict key/shape match.
-
-    Raises:
-        CheckpointMismatchError: naming both counts and the config's sizes.
-    """
-    if type(config) not in PARAM_FORMULAS:
-        return
-    stored = sum(t.numel() for t in weights.values())
-    implied = count_params(config)
-    if implied > 2 * stored + (1 << 20):
-        fields = ("d_model", "n_heads", "n_layers", "d_ff", "vocab_size", "max_seq_len")
-        sizes = ", ".join(f"{k}={getattr(config, k)}" for k in fields if hasattr(config, k))
-        raise CheckpointMismatchError(
-            f"{directory / 'config.json'} describes a model of {implied:,} parameters "
-            f"({sizes}) but the weight files hold {stored:,}: the config does not describe "
-            "these weights (nothing was built)"
-        )
-
-
 def load_hf(
     path: str | os.PathLike[str],
     *,
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
     strict: bool = True,
+    before_build: Callable[[Path, Any, Mapping[str, Tensor]], None] | None = None,
 ) -> nn.Module:
     """Load a Hugging Face checkpoint directory as the equivalent attnlab model (eval mode).
 
@@ -256,6 +231,9 @@ def load_hf(
         device: where to build the model. dtype: convert to this dtype (default float32).
         strict: raise on any missing/unexpected/misshapen tensor (``False``: warn and load the
             rest; the missing parameters keep their random initialisation).
+        before_build: called with ``(directory, config, weights)`` once the attnlab config
+            is known and before the model is built (:func:`attnlab.from_pretrained` refuses
+            there a config claiming far more parameters than the weights hold).
 
     Raises:
         FileNotFoundError: without ``config.json`` or weights.
@@ -268,7 +246,8 @@ def load_hf(
     weights = _strip_prefix(read_weights(directory), family.prefix)
     hf_config = HFConfig(data, family.name, _special_tokens(directory))
     config = family.config_from_hf(hf_config, set(weights))
-    check_claimed_size(directory, config, weights)
+    if before_build is not None:
+        before_build(directory, config, weights)
     model = build_model(config, device=device)
     what = f"{family.name} checkpoint {directory}"
     load_into(model, family.keymap(config), weights, what=what, strict=strict)
