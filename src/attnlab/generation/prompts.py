@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Literal
 
 import torch
@@ -53,12 +54,23 @@ def _rows(input_ids: PromptInput, attention_mask: Tensor | None) -> list[Tensor]
             raise ValueError(f"input_ids must be (B, T) or (T,), got shape {tuple(ids.shape)}")
         if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
             raise ValueError(f"input_ids must hold integer token ids, got dtype {ids.dtype}")
+        if ids.device.type == "meta":
+            raise ValueError("input_ids is on the meta device: it has shapes but no token ids")
         if attention_mask is None:
             return list(ids)
         mask = attention_mask.unsqueeze(0) if attention_mask.dim() == 1 else attention_mask
         if mask.shape != ids.shape:
             raise ValueError(
                 f"attention_mask {tuple(mask.shape)} must match input_ids {tuple(ids.shape)}"
+            )
+        if mask.device.type == "meta":
+            raise ValueError("attention_mask is on the meta device: it has shapes but no values")
+        if mask.is_complex():
+            raise TypeError(f"attention_mask must be bool, integer or float, got {mask.dtype}")
+        if mask.dtype != torch.bool and bool(((mask != 0) & (mask != 1)).any()):
+            bad = mask[(mask != 0) & (mask != 1)][0].item()
+            raise ValueError(
+                f"attention_mask values must be 0 (padding) or 1 (a real token), got {bad}"
             )
         mask = mask.to(device=ids.device) != 0
         return [row[m] for row, m in zip(ids, mask, strict=True)]
@@ -71,7 +83,21 @@ def _rows(input_ids: PromptInput, attention_mask: Tensor | None) -> list[Tensor]
         )
     rows = []
     for i, row in enumerate(input_ids):
-        t = row if isinstance(row, Tensor) else torch.as_tensor(list(row), dtype=torch.long)
+        if isinstance(row, Tensor):
+            if row.is_floating_point() or row.is_complex() or row.dtype == torch.bool:
+                raise ValueError(f"prompt {i} must hold integer token ids, got dtype {row.dtype}")
+            t = row
+        else:
+            values = list(row) if isinstance(row, Sequence) and not isinstance(row, str) else None
+            if values is None:
+                raise ValueError(f"prompt {i} must be a sequence of token ids, got {row!r}")
+            wrong = [v for v in values if isinstance(v, bool) or not isinstance(v, Integral)]
+            if wrong:
+                raise ValueError(
+                    f"prompt {i} must hold integer token ids, got {wrong[0]!r} "
+                    f"({type(wrong[0]).__name__})"
+                )
+            t = torch.as_tensor(values, dtype=torch.long)
         if t.dim() != 1:
             raise ValueError(f"prompt {i} must be 1-D, got shape {tuple(t.shape)}")
         rows.append(t)

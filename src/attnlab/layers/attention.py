@@ -31,7 +31,8 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int, int, int, int,
     """Validate q/k/v shapes for attention and return ``(B, H, H_kv, T, S, D)``.
 
     Raises:
-        ValueError: on wrong ranks, mismatched batch/head-dim/key lengths, or ``H % H_kv != 0``.
+        ValueError: on wrong ranks, mismatched batch/head-dim/key lengths, ``H % H_kv != 0``, or
+            tensors on different devices.
         TypeError: if the dtypes differ or are not floating point.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -41,6 +42,8 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int, int, int, int,
             raise TypeError(f"{name} must be floating point, got dtype {t.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
     B, H, T, D = q.shape
     Bk, H_kv, S, Dk = k.shape
     if Bk != B or v.shape[0] != B:

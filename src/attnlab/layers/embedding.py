@@ -54,11 +54,18 @@ class TokenEmbedding(nn.Module):
         """ids ``(B, T)`` int -> ``(B, T, E)``.
 
         Raises:
-            ValueError: for a non-integer tensor or ids outside ``[0, V)``.
+            ValueError: for a non-integer tensor, ids outside ``[0, V)``, or ids on another
+                device than the weights.
         """
         if ids.is_floating_point() or ids.dtype == torch.bool:
             raise ValueError(f"token ids must be an integer tensor, got dtype {ids.dtype}")
-        if ids.numel():
+        if ids.device != self.weight.device:
+            raise ValueError(
+                f"token ids are on {ids.device} but the embedding is on {self.weight.device}"
+                + (" (a meta tensor has shapes, no values)" if ids.device.type == "meta" else "")
+                + ": move them to one device"
+            )
+        if ids.numel() and ids.device.type != "meta":
             lo, hi = int(ids.min()), int(ids.max())
             if lo < 0 or hi >= self.vocab_size:
                 bad = lo if lo < 0 else hi

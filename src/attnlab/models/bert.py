@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import check_positive
@@ -30,7 +29,13 @@ from attnlab.layers.positional import (
     RotaryEmbedding,
     build_positional_encoding,
 )
-from attnlab.models.common import StackConfig, check_token_ids, encoder_layer, final_norm
+from attnlab.models.common import (
+    StackConfig,
+    check_token_ids,
+    encoder_layer,
+    final_norm,
+    token_loss,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,15 +228,7 @@ class BERT(nn.Module):
         if targets is not None:
             if logits is None:
                 raise ValueError("targets need the MLM head; build with mlm_head=True")
-            if targets.shape != ids.shape:
-                raise ValueError(
-                    f"targets must match ids {tuple(ids.shape)}, got {tuple(targets.shape)}"
-                )
-            loss = F.cross_entropy(
-                logits.flatten(0, 1).float(),
-                targets.flatten(),
-                ignore_index=self.config.ignore_index,
-            )
+            loss = token_loss(logits, targets, ids, ignore_index=self.config.ignore_index)
         return BERTOutput(x, pooled, logits, loss)
 
 

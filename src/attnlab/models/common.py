@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from torch import nn
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from attnlab.config import Config, check_choice, check_positive, check_probability
 from attnlab.layers.attention_backends import (
@@ -133,6 +135,37 @@ def check_token_ids(config: object, names: tuple[str, ...], vocab_size: int) -> 
 
 
 # -- builders ------------------------------------------------------------------------------------
+
+
+def token_loss(
+    logits: Tensor, targets: Tensor, like: Tensor, *, ignore_index: int, name: str = "ids"
+) -> Tensor:
+    """Mean cross-entropy of ``logits`` ``(B, T, V)`` against ``targets`` ``(B, T)`` (shaped
+    like ``like``, the model's ``name`` input), positions at ``ignore_index`` skipped; in
+    float32 whatever the logits' dtype.
+
+    Raises:
+        ValueError: for targets of another shape, a non-integer dtype, or ids outside
+            ``[0, V)`` other than ``ignore_index``.
+    """
+    if targets.shape != like.shape:
+        raise ValueError(
+            f"targets must match {name} {tuple(like.shape)}, got {tuple(targets.shape)}"
+        )
+    if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+        raise ValueError(f"targets must be integer token ids, got dtype {targets.dtype}")
+    V = logits.shape[-1]
+    if targets.numel() and targets.device.type != "meta":
+        real = targets[targets != ignore_index]
+        if real.numel() and (int(real.min()) < 0 or int(real.max()) >= V):
+            bad = int(real.min()) if int(real.min()) < 0 else int(real.max())
+            raise ValueError(
+                f"target id {bad} is outside the vocabulary [0, {V}) (and is not the ignored "
+                f"id {ignore_index})"
+            )
+    return F.cross_entropy(
+        logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index
+    )
 
 
 def layer_backend(c: StackConfig, layer: int) -> AttentionBackend:

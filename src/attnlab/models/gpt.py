@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.layers.embedding import TokenEmbedding, tie_weights
@@ -38,6 +37,7 @@ from attnlab.models.common import (
     decoder_layer,
     final_norm,
     layer_window,
+    token_loss,
 )
 
 
@@ -200,15 +200,7 @@ class GPT(nn.Module):
         logits = self.lm_head(h)  # (B, T, V)
         loss = None
         if targets is not None:
-            if targets.shape != ids.shape:
-                raise ValueError(
-                    f"targets must match ids {tuple(ids.shape)}, got {tuple(targets.shape)}"
-                )
-            loss = F.cross_entropy(
-                logits.flatten(0, 1).float(),
-                targets.flatten(),
-                ignore_index=self.config.ignore_index,
-            )
+            loss = token_loss(logits, targets, ids, ignore_index=self.config.ignore_index)
         return logits, loss
 
     def new_cache(self, max_len: int | None = None) -> KVCache:

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import check_positive
@@ -38,6 +37,7 @@ from attnlab.models.common import (
     decoder_layer,
     encoder_layer,
     final_norm,
+    token_loss,
 )
 
 
@@ -277,12 +277,8 @@ class EncoderDecoderTransformer(nn.Module):
         logits = self.decode(tgt, memory, src_mask=src_mask, tgt_mask=tgt_mask)
         loss = None
         if targets is not None:
-            if targets.shape != tgt.shape:
-                raise ValueError(
-                    f"targets must match tgt {tuple(tgt.shape)}, got {tuple(targets.shape)}"
-                )
             ignore = self.config.pad_id if self.config.pad_id is not None else -100
-            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=ignore)
+            loss = token_loss(logits, targets, tgt, ignore_index=ignore, name="tgt")
         return logits, loss
 
     def new_cache(self, max_len: int) -> KVCache:
