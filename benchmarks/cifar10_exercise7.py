@@ -272,6 +272,7 @@ def train(
     record: dict[str, Any] = {
         "model": name,
         "preset": spec.preset,
+        "overrides": overrides(args, name),
         "lr": lr,
         "planned_steps": steps,
         "steps": trainer.step,
@@ -397,6 +398,10 @@ def curves_figure(records: dict[str, Any], out: Path, label: str) -> None:
     save_figure(fig, out / "cifar10_curves.png")
 
 
+def _changed(fields: dict[str, Any] | None) -> str:
+    return f" ({', '.join(f'{k}={v}' for k, v in fields.items())})" if fields else ""
+
+
 def write_report(results: dict[str, Any], out: Path) -> None:
     label, meta = results["data"], results["meta"]
     lines = [
@@ -411,7 +416,8 @@ def write_report(results: dict[str, Any], out: Path) -> None:
     ]
     for name, r in sorted(results["models"].items()):
         lines.append(
-            f"| {name} | {r['preset']} | {r['parameters'] / 1e6:.2f}M | "
+            f"| {name} | {r['preset']}{_changed(r.get('overrides'))} | "
+            f"{r['parameters'] / 1e6:.2f}M | "
             f"{r['flops_per_image'] / 1e6:.0f} | {r['steps']}"
             f"{'' if r['finished_schedule'] else ' (cut)'} | {r['epochs']} | "
             f"{r['train_minutes']} | {r['images_per_s']} | {r['loader_ms_per_step']} / "
@@ -423,6 +429,8 @@ def write_report(results: dict[str, Any], out: Path) -> None:
         "Curves: `cifar10_curves.png`; confusion matrices: `cifar10_confusion_*.png`; "
         "attention over patches: `cifar10_attention_*.png`.",
         "",
+        *targets(results["models"], label),
+        *sweep_table(out),
     ]
     for name, r in sorted(results["models"].items()):
         if "profile" in r:
@@ -430,6 +438,32 @@ def write_report(results: dict[str, Any], out: Path) -> None:
             lines += [f"| `{row['op']}` | {row['ms_per_step']} |" for row in r["profile"]] + [""]
         lines += [f"Command ({name}): `{r['command']}`", ""]
     (out / "cifar10_exercise7.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+def targets(models: dict[str, Any], label: str) -> list[str]:
+    """Issue 25's targets at 30 minutes: ResNet >= 85%, ViT >= 70%, CCT within 5 of ResNet."""
+    acc = {name: r["test_accuracy"] for name, r in models.items()}
+    checks = []
+    if "resnet" in acc:
+        checks.append(("ResNet >= 85%", acc["resnet"] >= 0.85))
+    if "vit" in acc:
+        checks.append(("plain ViT >= 70%", acc["vit"] >= 0.70))
+    if "cct" in acc and "resnet" in acc:
+        checks.append(("CCT within 5 points of ResNet", acc["resnet"] - acc["cct"] <= 0.05))
+    rows = [f"- {what}: {'met' if ok else 'NOT met'}" for what, ok in checks]
+    return [f"Targets (test accuracy, {label}):", "", *rows, ""] if rows else []
+
+
+def sweep_table(out: Path) -> list[str]:
+    file = out / "cifar10_sweep.json"
+    if not file.is_file():
+        return []
+    lines = ["## Learning-rate sweep (val accuracy after a short run; test never used)", ""]
+    lines += ["| model | minutes each | lr: val accuracy | chosen |", "|---|---|---|---|"]
+    for name, s in sorted(json.loads(file.read_text()).items()):
+        runs = ", ".join(f"{r['lr']:g}: {r['val_accuracy']:.2%}" for r in s["runs"])
+        lines.append(f"| {name} | {s['minutes']} | {runs} | {s['best_lr']:g} |")
+    return [*lines, ""]
 
 
 def run_sweep(args: argparse.Namespace, data: Cifar10, out: Path) -> None:

@@ -44,6 +44,9 @@ def shrink(config: Any) -> Any:
         small["max_seq_len"] = min(config.max_seq_len, 64)
     if "patch_size" in names:
         small["image_size"] = 2 * config.patch_size
+    if "stage_channels" in names:  # CNNs: one narrow block per stage
+        small["stage_channels"] = tuple(min(c, 8) for c in config.stage_channels)
+        small["blocks_per_stage"] = (1,) * len(config.blocks_per_stage)
     return dataclasses.replace(config, **{k: v for k, v in small.items() if k in names})
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,8 +162,14 @@ class Cifar10Arrays:
 
 
 def _read_npz(file: Path) -> tuple[np.ndarray, np.ndarray]:
-    with np.load(file, allow_pickle=False) as z:  # plain arrays: never unpickle
-        images, labels = z["images"], z["labels"]
+    """``images`` and ``labels`` of an ``.npz`` file, read member by member with
+    ``allow_pickle=False`` (a file holding object arrays is refused, never unpickled)."""
+    arrays = {}
+    with zipfile.ZipFile(file) as z:
+        for name in ("images", "labels"):
+            with z.open(f"{name}.npy") as f:
+                arrays[name] = np.lib.format.read_array(f, allow_pickle=False)
+    images, labels = arrays["images"], arrays["labels"]
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1:] != (32, 32, 3):
         raise ValueError(f"{file}: images must be uint8 (N, 32, 32, 3), got {images.shape}")
     if labels.shape != images.shape[:1] or labels.max(initial=0) >= len(CLASSES):
