@@ -3,6 +3,8 @@ mixup/CutMix exact convex/pasted mixtures, every draw seeded; the objective's ba
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -26,6 +28,8 @@ from attnlab.training.image_objective import (
     predict,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 
 def images(B: int = 16, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
@@ -36,12 +40,12 @@ def gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def fake_data(n_train: int = 20, n_test: int = 10) -> Cifar10:
+def fake_data(n_train: int = 20, n_test: int = 10, n_val: int = 0) -> Cifar10:
     rng = np.random.default_rng(0)
     make = lambda n: rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)  # noqa: E731
     labels = lambda n: np.arange(n, dtype=np.uint8) % 10  # noqa: E731
     arrays = Cifar10Arrays(make(n_train), labels(n_train), make(n_test), labels(n_test), "fake")
-    return Cifar10(arrays, n_val=0)
+    return Cifar10(arrays, n_val=n_val)
 
 
 @pytest.mark.parametrize("mode", ["reflect", "zero"])
@@ -200,3 +204,35 @@ def test_float32_sdpa_under_autocast_matches_float32_attention() -> None:
     torch.testing.assert_close(out.float(), reference, atol=0.05, rtol=0.05)
     model = attention_in_float32(build_model("vit-cifar", n_layers=1))
     assert model.layers[0].self_attn.backend is float32_sdpa
+
+
+@pytest.mark.parametrize("sampling", ["random", "epoch"])
+def test_trainer_resume_of_an_augmented_cifar_run_is_bitwise(sampling: str, tmp_path: Path) -> None:
+    """The current Trainer checkpoints its generator (augmentation draws, "random" sampling);
+    the "epoch" sampler's position is restored with seek(step · batch), as a port must do."""
+    from attnlab.models.resnet import ResNet, ResNetConfig
+    from attnlab.training.config import TrainConfig
+    from attnlab.training.trainer import Trainer
+
+    data = fake_data(40, n_val=10)
+    config = TrainConfig(steps=6, batch_size=8, optimizer="sgd", lr=0.05, schedule="cosine",
+                         warmup=1, label_smoothing=0.1, progress=False, eval_batches=1)  # fmt: skip
+    augment = AugmentConfig(randaug_ops=1, mixup_alpha=0.5, mix_prob=0.5)
+
+    def trainer(run: str) -> Trainer:
+        torch.manual_seed(0)
+        model = ResNet(ResNetConfig(stage_channels=(4, 8), blocks_per_stage=(1, 1)))
+        objective = AugmentedClassificationObjective(data, augment, sampling=sampling)  # type: ignore[arg-type]
+        return Trainer(model, objective, config, run_dir=tmp_path / run)
+
+    full = trainer("full")
+    losses = full.fit().losses
+    first = trainer("split").fit(until=3).losses
+    resumed = trainer("split")
+    resumed.resume()
+    resumed.objective.seek(resumed.step * config.batch_size)  # type: ignore[attr-defined]
+    second = resumed.fit().losses
+    assert first + second == losses
+    for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values(),
+                    strict=True):  # fmt: skip
+        assert torch.equal(a, b)

@@ -32,6 +32,8 @@ from attnlab.training.cifar10 import (
 )
 from attnlab.training.cifar10_download import download_cifar10, read_batch
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 SHARED = (
     Path(os.environ.get("ATTNLAB_DATA") or Path(__file__).resolve().parents[3] / "shared" / "data")
     / "cifar10"
