@@ -128,8 +128,12 @@ def test_config_validation() -> None:
         ResNetConfig(shortcut="C")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="same length"):
         ResNetConfig(stage_channels=(16, 32), blocks_per_stage=(3, 3, 3))
-    with pytest.raises(ValueError, match=r"blocks_per_stage\[1\] must be a positive integer"):
+    with pytest.raises(ValueError, match=r"blocks_per_stage\[1\] must be positive, got 0"):
         ResNetConfig(blocks_per_stage=(3, 0, 3))
+    with pytest.raises(TypeError, match=r"blocks_per_stage\[1\] must be an integer"):
+        ResNetConfig(blocks_per_stage=(3, 2.0, 3))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"bn_momentum must be in \(0, 1\]"):
+        ResNetConfig(bn_momentum=1.5)
     with pytest.raises(ValueError, match="bn_eps must be a finite number"):
         ResNetConfig(bn_eps=float("nan"))
     with pytest.raises(ValueError, match="non-decreasing"):

@@ -260,7 +260,8 @@ def _cct_breakdown(c: CCTConfig) -> ParamBreakdown:
     if c.pos_encoding == "learned":
         comp["embedding.position"] = c.max_seq_len * c.d_model
     comp.update(_stack("layers", c, c.n_layers))
-    comp["final_norm"] = norm_params(c.d_model, c.norm, c.bias)
+    if c.use_final_norm:
+        comp["final_norm"] = norm_params(c.d_model, c.norm, c.bias)
     comp["pool"] = linear_params(c.d_model, 1)  # sequence pooling's scores
     if c.n_classes:
         comp["head"] = linear_params(c.d_model, c.n_classes)

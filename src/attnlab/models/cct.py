@@ -32,21 +32,18 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.config import check_choice, check_positive
-from attnlab.layers.blocks import EncoderLayer
+from attnlab.config import check_positive
 from attnlab.layers.conv_tokenizer import ConvTokenizer, SequencePooling, pooled_size
-from attnlab.layers.norm import build_norm
 from attnlab.layers.positional import (
     LearnedPositionalEmbedding,
     NoPositionalEncoding,
     PositionalEncoding,
 )
-from attnlab.models.base import PretrainedMixin
-from attnlab.models.common import freeze_tuple, layer_kwargs, validate_stack_config
+from attnlab.models.common import StackConfig, encoder_layer, norm
 
 
 @dataclass(frozen=True, kw_only=True)
-class CCTConfig:
+class CCTConfig(StackConfig):
     """Hyper-parameters of a CCT classifier (defaults: the paper's CCT-7/3x1 for CIFAR-10)."""
 
     model_type: ClassVar[str] = "cct"
@@ -62,38 +59,31 @@ class CCTConfig:
     pool_padding: int = 1
     d_model: int = 256
     n_heads: int = 4
-    n_kv_heads: int | None = None
     n_layers: int = 7
     d_ff: int = 512  # the paper's MLP ratio 2
     dropout: float = 0.0
     attn_dropout: float | None = 0.1
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    norm_eps: float = 1e-5
     norm_position: Literal["pre", "post"] = "pre"
+    final_norm: bool | None = True  # the encoder output is normalised before pooling
     activation: str = "gelu"
     pos_encoding: Literal["learned", "none"] = "learned"
-    attn_backend: str = "sdpa"
-    attn_window: int | None = None
-    attn_layer_backends: tuple[str, ...] | None = None
-    bias: bool = True
     init_std: float = 0.02
 
-    def __post_init__(self) -> None:
-        freeze_tuple(self, "attn_layer_backends")
-        self._check_tokenizer()  # first: max_seq_len (checked below) depends on it
-        validate_stack_config(self)
+    def validate(self) -> None:
+        """The tokenizer first (``max_seq_len``, checked by the stack, depends on it).
+
+        Raises:
+            ValueError: naming the bad value.
+        """
+        self._check_tokenizer()
+        super().validate()
         if self.n_classes < 0:
             raise ValueError(f"n_classes must be >= 0 (0: no head), got {self.n_classes}")
-        check_choice("pos_encoding", self.pos_encoding, ["learned", "none"])
 
     def _check_tokenizer(self) -> None:
         names = ("image_size", "in_channels", "conv_layers", "conv_kernel", "conv_channels",
-                 "pool_kernel", "pool_stride", "pool_padding")  # fmt: skip
-        for name in names:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an integer, got {value!r}")
-        check_positive(**{name: getattr(self, name) for name in names[:-1]})
+                 "pool_kernel", "pool_stride")  # fmt: skip
+        check_positive(**{name: getattr(self, name) for name in names})
         if self.conv_kernel % 2 == 0:
             raise ValueError(f"conv_kernel must be odd, got {self.conv_kernel}")
         if self.pool_padding < 0 or 2 * self.pool_padding > self.pool_kernel:
@@ -105,11 +95,6 @@ class CCTConfig:
                 f"{self.conv_layers} tokenizer blocks leave no token of a {self.image_size}-pixel "
                 "image; use fewer conv_layers or larger images"
             )
-
-    @property
-    def d_head(self) -> int:
-        """Per-head dimension d_model / n_heads."""
-        return self.d_model // self.n_heads
 
     @property
     def grid_size(self) -> int:
@@ -130,7 +115,7 @@ class CCTConfig:
         return self.n_patches
 
 
-class CCT(PretrainedMixin, nn.Module):
+class CCT(nn.Module):
     """Compact Convolutional Transformer: ``forward(images) -> logits (B, K)``."""
 
     def __init__(self, config: CCTConfig) -> None:
@@ -152,11 +137,8 @@ class CCT(PretrainedMixin, nn.Module):
             else NoPositionalEncoding()
         )
         self.dropout = nn.Dropout(c.dropout)
-        self.layers = nn.ModuleList(
-            EncoderLayer(c.d_model, c.n_heads, c.d_ff, **layer_kwargs(c, i))
-            for i in range(c.n_layers)
-        )
-        self.final_norm = build_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
+        self.layers = nn.ModuleList(encoder_layer(c, i) for i in range(c.n_layers))
+        self.final_norm = norm(c) if c.use_final_norm else None
         self.pool = SequencePooling(c.d_model)
         self.head = nn.Linear(c.d_model, c.n_classes) if c.n_classes else None
         self.reset_parameters()
@@ -190,8 +172,8 @@ class CCT(PretrainedMixin, nn.Module):
         pos = torch.arange(x.shape[1], device=x.device)  # (P,)
         x = self.dropout(self.pos_encoding.embed(x, pos))
         for layer in self.layers:
-            x, _ = layer(x)
-        return self.final_norm(x)
+            x = layer(x)
+        return self.final_norm(x) if self.final_norm is not None else x
 
     def pooling_weights(self, images: Tensor) -> Tensor:
         """How much each token counts in the pooled vector ``(B, P)`` (rows sum to 1); reshape

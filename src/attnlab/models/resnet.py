@@ -21,25 +21,17 @@ Deviations from the paper: none for ResNet-20/32/56 (weights He-initialised, BN 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.config import check_choice
-from attnlab.models.base import PretrainedMixin
-from attnlab.models.common import freeze_tuple
-
-
-def _check_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+from attnlab.config import Config, check_positive
 
 
 @dataclass(frozen=True, kw_only=True)
-class ResNetConfig:
+class ResNetConfig(Config):
     """Hyper-parameters of a CIFAR ResNet (defaults: ResNet-20, option-A shortcuts)."""
 
     model_type: ClassVar[str] = "resnet"
@@ -53,37 +45,30 @@ class ResNetConfig:
     bn_momentum: float = 0.1
     zero_init_residual: bool = False
 
-    def __post_init__(self) -> None:
-        freeze_tuple(self, "stage_channels")
-        freeze_tuple(self, "blocks_per_stage")
-        _check_int("in_channels", self.in_channels)
-        _check_int("n_classes", self.n_classes)
+    def validate(self) -> None:
+        """Positive sizes, one block count per stage, option A only with widening stages.
+
+        Raises:
+            ValueError: naming the bad value.
+        """
+        super().validate()
+        check_positive(in_channels=self.in_channels, n_classes=self.n_classes,
+                       bn_eps=self.bn_eps)  # fmt: skip
         if not self.stage_channels or len(self.stage_channels) != len(self.blocks_per_stage):
             raise ValueError(
                 f"stage_channels {self.stage_channels} and blocks_per_stage "
                 f"{self.blocks_per_stage} must be non-empty and of the same length"
             )
         for i, (c, n) in enumerate(zip(self.stage_channels, self.blocks_per_stage, strict=True)):
-            _check_int(f"stage_channels[{i}]", c)
-            _check_int(f"blocks_per_stage[{i}]", n)
-        check_choice("shortcut", self.shortcut, ["A", "B"])
+            check_positive(**{f"stage_channels[{i}]": c, f"blocks_per_stage[{i}]": n})
         if self.shortcut == "A" and any(
             b < a for a, b in zip(self.stage_channels, self.stage_channels[1:], strict=False)
         ):
             raise ValueError(
                 f"shortcut 'A' needs non-decreasing stage_channels, got {self.stage_channels}"
             )
-        for name, value, hi in (
-            ("bn_eps", self.bn_eps, math.inf),
-            ("bn_momentum", self.bn_momentum, 1.0),
-        ):
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-            if not (ok and math.isfinite(value) and 0 < value <= hi):
-                raise ValueError(f"{name} must be a finite number in (0, {hi}], got {value!r}")
-        if not isinstance(self.zero_init_residual, bool):
-            raise TypeError(
-                f"zero_init_residual must be true or false, got {self.zero_init_residual!r}"
-            )
+        if not 0 < self.bn_momentum <= 1:
+            raise ValueError(f"bn_momentum must be in (0, 1], got {self.bn_momentum}")
 
     @property
     def depth(self) -> int:
@@ -139,7 +124,7 @@ class BasicBlock(nn.Module):
         return F.relu(self.bn2(self.conv2(h)) + self.shortcut(x))
 
 
-class ResNet(PretrainedMixin, nn.Module):
+class ResNet(nn.Module):
     """CIFAR ResNet classifier: ``forward(images (B, C, H, W)) -> logits (B, K)``."""
 
     def __init__(self, config: ResNetConfig) -> None:
