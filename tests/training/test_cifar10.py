@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab.training import cifar10 as c10
+import attnlab.io as attnlab_io
 from attnlab.training.cifar10 import (
     JPEG_COPY,
     MEAN,
@@ -105,9 +105,14 @@ def test_stratified_split_indices() -> None:
 
 
 def test_resolution_order_and_missing_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(c10, "_checkout_data_dir", lambda: tmp_path / "checkout")
+    monkeypatch.setattr(attnlab_io, "_checkout_data", lambda: tmp_path / "checkout")
     monkeypatch.setenv("ATTNLAB_DATA", str(tmp_path / "env"))
-    assert candidate_dirs() == [tmp_path / "env" / "cifar10", tmp_path / "checkout" / "cifar10"]
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert candidate_dirs() == [
+        tmp_path / "env" / "cifar10",
+        tmp_path / "checkout" / "cifar10",
+        tmp_path / "home" / ".cache" / "attnlab" / "cifar10",
+    ]
     assert candidate_dirs(tmp_path / "x") == [tmp_path / "x"]
     assert find_cifar10() is None
     with pytest.raises(FileNotFoundError, match="ATTNLAB_DATA"):

@@ -40,13 +40,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.config import check_choice
+from attnlab.config import Config
 
 PadMode = Literal["reflect", "zero"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class AugmentConfig:
+class AugmentConfig(Config):
     """What :func:`augment_batch` does to a training batch (defaults: crop + flip only)."""
 
     crop_padding: int = 4  # 0: no crop
@@ -58,21 +58,21 @@ class AugmentConfig:
     cutmix_alpha: float = 0.0  # 0: off; with both on, each mixed batch picks one at random
     mix_prob: float = 1.0  # probability that a batch is mixed
 
-    def __post_init__(self) -> None:
-        check_choice("pad_mode", self.pad_mode, ["reflect", "zero"])
+    def validate(self) -> None:
+        """Ranges (the types are checked from the annotations).
+
+        Raises:
+            ValueError: naming the field, its value and the valid range.
+        """
+        super().validate()
         for name in ("crop_padding", "randaug_ops"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name, hi in (("randaug_magnitude", 1.0), ("mix_prob", 1.0),
+                         ("mixup_alpha", math.inf), ("cutmix_alpha", math.inf)):  # fmt: skip
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-        for name, lo, hi in (
-            ("randaug_magnitude", 0, 1),
-            ("mix_prob", 0, 1),
-            ("mixup_alpha", 0, math.inf),
-            ("cutmix_alpha", 0, math.inf),
-        ):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and lo <= value <= hi):
-                raise ValueError(f"{name} must be a finite number in [{lo}, {hi}], got {value!r}")
+            if not 0 <= value <= hi:
+                raise ValueError(f"{name} must be in [0, {hi}], got {value}")
 
     @property
     def mixes(self) -> bool:

@@ -5,11 +5,11 @@ class). :func:`load_cifar10` reads ``train.npz`` and ``test.npz`` (``images`` ui
 ``(N, 32, 32, 3)`` RGB, ``labels`` uint8 ``(N,)``) from the first directory that has them:
 
 1. the ``path`` argument;
-2. ``$ATTNLAB_DATA/cifar10``;
-3. ``../shared/data/cifar10`` beside the source checkout (the project's offline copy);
-4. :func:`attnlab.training.data.data_dir` ``/cifar10`` (``~/.cache/attnlab`` without the
-   variable), where :func:`~attnlab.training.cifar10_download.download_cifar10` converts the
-   official archive when nothing is found and ``download`` is true.
+2. ``cifar10/`` in each data folder (:func:`attnlab.io.data_dirs`): ``$ATTNLAB_DATA``,
+   ``../shared/data`` beside the source checkout (the project's offline copy),
+   ``~/.cache/attnlab``. When none has the files and ``download`` is true,
+   :func:`~attnlab.training.cifar10_download.download_cifar10` converts the official archive
+   into :func:`attnlab.training.data.data_dir` ``/cifar10`` (``$ATTNLAB_DATA``, else the cache).
 
 Checksums: every load hashes both files (sha256) and accepts either the project's copy (the
 hashes of ``../shared/data/README.md``: a JPEG re-encoding of CIFAR-10, reported as
@@ -31,7 +31,6 @@ Shapes: N images, B batch, C channels (3), H = W = 32 pixels.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import zipfile
 from dataclasses import dataclass
@@ -41,6 +40,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnlab.io import data_dirs
+from attnlab.training.cifar10_download import FILES, MANIFEST, download_cifar10, sha256_file
 from attnlab.training.data import Split, data_dir
 
 CLASSES = (
@@ -59,7 +60,6 @@ CLASSES = (
 # copy's are within 0.002 of them (tests/training/test_cifar10.py checks it).
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
-FILES = ("train.npz", "test.npz")
 # sha256 of the project's copy (../shared/data/README.md), decoded from a JPEG re-encoding.
 JPEG_COPY_SHA256 = {
     "train.npz": "982a4911be53ca5dd3093f373b598c6ab793139c7cb240a07c2129e52f97ed16",
@@ -67,36 +67,17 @@ JPEG_COPY_SHA256 = {
 }
 JPEG_COPY = "CIFAR-10 (JPEG copy)"
 ORIGINAL = "CIFAR-10"
-MANIFEST = "SHA256SUMS"  # written by a download: "<sha256>  <file>" per line
 SUBDIR = "cifar10"
 
 _verified: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256
 
 
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    """The sha256 hex digest of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _checkout_data_dir() -> Path:
-    """``../shared/data`` beside the source checkout (src/attnlab/training/ -> repo/..)."""
-    return Path(__file__).resolve().parents[4] / "shared" / "data"
-
-
 def candidate_dirs(path: str | os.PathLike[str] | None = None) -> list[Path]:
-    """The directories :func:`load_cifar10` looks in, in order (see the module docstring)."""
+    """The directories :func:`load_cifar10` looks in, in order (see the module docstring):
+    ``path``, else ``cifar10/`` in each of :func:`attnlab.io.data_dirs`."""
     if path is not None:
         return [Path(path)]
-    dirs = []
-    env = os.environ.get("ATTNLAB_DATA")
-    if env:
-        dirs.append(Path(env) / SUBDIR)
-    dirs += [_checkout_data_dir() / SUBDIR, data_dir() / SUBDIR]
-    return list(dict.fromkeys(dirs))  # data_dir() is $ATTNLAB_DATA when set: keep one
+    return [d / SUBDIR for d in data_dirs()]
 
 
 def find_cifar10(path: str | os.PathLike[str] | None = None) -> Path | None:
@@ -199,8 +180,6 @@ def load_cifar10(
             raise FileNotFoundError(
                 f"no CIFAR-10 train.npz/test.npz in {looked} (set ATTNLAB_DATA or pass a path)"
             )
-        from attnlab.training.cifar10_download import download_cifar10
-
         directory = download_cifar10(data_dir() / SUBDIR)
     source = verify_cifar10(directory) if verify else _guess_source(directory)
     train_x, train_y = _read_npz(directory / "train.npz")
@@ -323,8 +302,10 @@ class Cifar10:
 
 __all__ = [
     "CLASSES",
+    "FILES",
     "JPEG_COPY",
     "JPEG_COPY_SHA256",
+    "MANIFEST",
     "MEAN",
     "ORIGINAL",
     "STD",

@@ -31,15 +31,18 @@ import os
 import pickle
 import tarfile
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from attnlab.training.cifar10 import FILES, MANIFEST, sha256_file
+from attnlab.io import atomic_write, atomic_write_text
 
 logger = logging.getLogger(__name__)
 
+FILES = ("train.npz", "test.npz")  # what a conversion writes, and what loading reads
+MANIFEST = "SHA256SUMS"  # written by a download: "<sha256>  <file>" per line
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 ARCHIVE = "cifar-10-python.tar.gz"
 ARCHIVE_MD5 = "c58f30108f718f92721af3b95e74349a"
@@ -47,6 +50,15 @@ ARCHIVE_SHA256 = "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_BATCH = "test_batch"
 BATCH_SIZE = 10000
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """The sha256 hex digest of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _numpy_globals() -> dict[tuple[str, str], Any]:
@@ -129,32 +141,39 @@ def convert_archive(archive: str | os.PathLike[str]) -> dict[str, tuple[np.ndarr
 
 
 def fetch(url: str, file: Path, *, sha256: str, md5: str | None = None) -> Path:
-    """Stream ``url`` to ``file`` (via ``file.part``), checking sha256 (and md5) on the way.
+    """Stream ``url`` to ``file`` (atomically, via a temporary file beside it), checking sha256
+    (and md5) on the way.
 
     Raises:
         FileNotFoundError: if the URL cannot be fetched.
         ValueError: for a checksum mismatch (the partial file is removed).
     """
-    file.parent.mkdir(parents=True, exist_ok=True)
-    part = file.with_name(file.name + ".part")
     digests = {"sha256": hashlib.sha256(), "md5": hashlib.md5(usedforsecurity=False)}
     logger.info("downloading %s -> %s", url, file)
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response, open(part, "wb") as out:
-            for chunk in iter(lambda: response.read(1 << 20), b""):
-                for d in digests.values():
-                    d.update(chunk)
-                out.write(chunk)
-    except OSError as e:
-        part.unlink(missing_ok=True)
-        raise FileNotFoundError(f"{url} could not be fetched: {e}") from e
-    for name, expected in (("sha256", sha256), ("md5", md5)):
-        got = digests[name].hexdigest()
-        if expected is not None and got != expected:
-            part.unlink(missing_ok=True)
-            raise ValueError(f"{url}: {name} {got} does not match the published {expected}")
-    os.replace(part, file)
-    return file
+
+    def write(tmp: str) -> None:  # a temporary file beside ``file``, removed if this raises
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
+                for chunk in iter(lambda: response.read(1 << 20), b""):
+                    for d in digests.values():
+                        d.update(chunk)
+                    out.write(chunk)
+        except OSError as e:
+            raise FileNotFoundError(f"{url} could not be fetched: {e}") from e
+        for name, expected in (("sha256", sha256), ("md5", md5)):
+            got = digests[name].hexdigest()
+            if expected is not None and got != expected:
+                raise ValueError(f"{url}: {name} {got} does not match the published {expected}")
+
+    return atomic_write(file, write)
+
+
+def _npz_writer(images: np.ndarray, labels: np.ndarray) -> Callable[[str], None]:
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a name
+            np.savez(f, images=images, labels=labels)
+
+    return write
 
 
 def download_cifar10(
@@ -181,12 +200,11 @@ def download_cifar10(
     lines = []
     for name, split in zip(FILES, ("train", "test"), strict=True):
         images, labels = splits[split]
-        part = directory / f".{name}.part.npz"
-        np.savez(part, images=images, labels=labels)
-        os.replace(part, directory / name)
+        atomic_write(directory / name, _npz_writer(images, labels))
         lines.append(f"{sha256_file(directory / name)}  {name}")
-    (directory / MANIFEST).write_text(
-        f"# converted from {url} (sha256 {sha256})\n" + "\n".join(lines) + "\n", encoding="utf-8"
+    atomic_write_text(
+        directory / MANIFEST,
+        f"# converted from {url} (sha256 {sha256})\n" + "\n".join(lines) + "\n",
     )
     if not keep_archive:
         archive.unlink()
@@ -196,10 +214,13 @@ def download_cifar10(
 __all__ = [
     "ARCHIVE_MD5",
     "ARCHIVE_SHA256",
+    "FILES",
+    "MANIFEST",
     "URL",
     "RestrictedUnpickler",
     "convert_archive",
     "download_cifar10",
     "fetch",
     "read_batch",
+    "sha256_file",
 ]
