@@ -146,40 +146,65 @@ def test_config_validation() -> None:
 
 def test_epoch_sampling_visits_every_image_once_and_resumes_bitwise() -> None:
     data = fake_data(20)
-    obj = AugmentedClassificationObjective(data, AugmentConfig(), seed=1)
-    g = gen()
-    seen = torch.cat([obj.train_index(8, g) for _ in range(5)])  # 40 = two epochs
+    obj = AugmentedClassificationObjective(data, AugmentConfig(randaug_ops=1, mixup_alpha=0.5))
+    stream = obj.train_stream(8, seed=1)
+    seen = torch.cat([stream.next_index() for _ in range(5)])  # 40 = two epochs
     assert sorted(seen[:20].tolist()) == list(range(20)) == sorted(seen[20:].tolist())
     assert not torch.equal(seen[:20], seen[20:])  # a new order each epoch
-    # resume: the position and the generator state give the same next batch
-    obj.batch("train", 6, g)
-    state, g_state = obj.state_dict(), g.get_state()
-    expected = obj.batch("train", 6, g)
-    fresh = AugmentedClassificationObjective(data, AugmentConfig(), seed=1)
+    assert stream.epoch == 2.0 and stream.batches_per_epoch == 3
+    # resume: the state (position + augmentation generator) gives the same next batches,
+    # one of them spanning two epochs
+    stream.next_batch()
+    state = stream.state_dict()
+    expected = [stream.next_batch() for _ in range(3)]
+    fresh = obj.train_stream(8, seed=1)
     fresh.load_state_dict(state)
-    g2 = torch.Generator()
-    g2.set_state(g_state)
-    got = fresh.batch("train", 6, g2)
-    assert all(torch.equal(u, v) for u, v in zip(expected, got, strict=True))
-    assert obj.loader_seconds > 0
+    got = [fresh.next_batch() for _ in range(3)]
+    for a, b in zip(expected, got, strict=True):
+        assert all(torch.equal(u, v) for u, v in zip(a, b, strict=True))
+    assert stream.loader_seconds > 0
+    other = obj.train_stream(8, seed=2)
+    assert not torch.equal(other.next_index(), obj.train_stream(8, seed=1).next_index())
+    with pytest.raises(ValueError, match="drawn must be >= 0"):
+        fresh.load_state_dict({**state, "drawn": -1})
+
+
+def test_random_sampling_draws_with_replacement_from_the_stream_generator() -> None:
+    obj = AugmentedClassificationObjective(fake_data(20), None, sampling="random")
+    a, b = obj.train_stream(30, seed=0), obj.train_stream(30, seed=0)
+    index = a.next_index()
+    assert torch.equal(index, b.next_index()) and len(set(index.tolist())) < 20  # repeats
+    assert a.epoch == 1.5
+    with pytest.raises(ValueError, match="sampling='cyclic' is not valid"):
+        AugmentedClassificationObjective(fake_data(), sampling="cyclic")  # type: ignore[arg-type]
 
 
 def test_mixed_loss_is_the_weighted_cross_entropy() -> None:
     data = fake_data()
     obj = AugmentedClassificationObjective(data, AugmentConfig(mixup_alpha=1.0))
-    batch = obj.batch("train", 8, gen(4))
+    batch = obj.train_stream(8, seed=4).next_batch()
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
     terms = obj.loss(model, batch, label_smoothing=0.0)
     logits = model(batch.images)
     lam = batch.lam
+    assert (lam < 1).all()
     expected = (
         lam * F.cross_entropy(logits, batch.labels, reduction="none")
         + (1 - lam) * F.cross_entropy(logits, batch.labels_b, reduction="none")
     ).sum()
     torch.testing.assert_close(terms.loss_sum, expected)
     assert terms.count == 8 and 0 <= terms.correct <= 8
-    val = obj.batch("test", 5, gen())
-    assert torch.equal(val.lam, torch.ones(5)) and val.images.dtype == torch.float32
+
+
+def test_val_batches_are_the_whole_split_in_order_normalised() -> None:
+    data = fake_data(20, n_val=10)
+    obj = AugmentedClassificationObjective(data, AugmentConfig(mixup_alpha=1.0))
+    batches = obj.val_batches(4, n_batches=1, seed=0)  # the whole split whatever n_batches
+    assert [len(b.labels) for b in batches] == [4, 4, 2]
+    x, y = data.split("val")
+    assert torch.equal(torch.cat([b.labels for b in batches]), y)
+    assert torch.equal(torch.cat([b.images for b in batches]), data.normalize(x))
+    assert all(torch.equal(b.lam, torch.ones(len(b.labels))) for b in batches)
 
 
 def test_predict_and_confusion_matrix() -> None:
@@ -191,25 +216,10 @@ def test_predict_and_confusion_matrix() -> None:
     assert cm.tolist() == [[1, 0, 0], [0, 1, 0], [0, 1, 1]]
 
 
-def test_float32_sdpa_under_autocast_matches_float32_attention() -> None:
-    from attnlab import build_model
-    from attnlab.training.image_objective import attention_in_float32, float32_sdpa
-
-    g = gen()
-    q, k, v = (torch.randn(2, 3, 5, 8, generator=g) for _ in range(3))
-    reference = F.scaled_dot_product_attention(q, k, v)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = float32_sdpa(q.bfloat16(), k.bfloat16(), v.bfloat16())
-    assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), reference, atol=0.05, rtol=0.05)
-    model = attention_in_float32(build_model("vit-cifar", n_layers=1))
-    assert model.layers[0].self_attn.backend is float32_sdpa
-
-
 @pytest.mark.parametrize("sampling", ["random", "epoch"])
 def test_trainer_resume_of_an_augmented_cifar_run_is_bitwise(sampling: str, tmp_path: Path) -> None:
-    """The current Trainer checkpoints its generator (augmentation draws, "random" sampling);
-    the "epoch" sampler's position is restored with seek(step · batch), as a port must do."""
+    """The trainer checkpoints the stream's state: the augmentation generator and the
+    sampler's position (6 batches of 8 over 40 images: a batch spans two epochs)."""
     from attnlab.models.resnet import ResNet, ResNetConfig
     from attnlab.training.config import TrainConfig
     from attnlab.training.trainer import Trainer
@@ -229,9 +239,7 @@ def test_trainer_resume_of_an_augmented_cifar_run_is_bitwise(sampling: str, tmp_
     losses = full.fit().losses
     first = trainer("split").fit(until=3).losses
     resumed = trainer("split")
-    resumed.resume()
-    resumed.objective.seek(resumed.step * config.batch_size)  # type: ignore[attr-defined]
-    second = resumed.fit().losses
+    second = resumed.fit(resume=True).losses  # the checkpoint holds the stream's position
     assert first + second == losses
     for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values(),
                     strict=True):  # fmt: skip
