@@ -102,6 +102,9 @@ def recipe_types(recipe: Recipe) -> dict[str, Any]:
     """``{key: annotation}`` of every flag of ``recipe`` (its aliases included)."""
     sections = recipe.sections()
     types_ = key_types(sections, {"model": recipe.derived})
+    for variant in recipe.variants:  # other model configs the options can choose
+        for k, v in key_types(recipe.sections(variant), {"model": recipe.derived}).items():
+            types_.setdefault(k, v)
     hints = {k: v for obj in sections.values() for k, v in field_hints(type(obj)).items()}
     for old, alias in recipe.aliases.items():
         types_.setdefault(old, hints.get(alias, str) if isinstance(alias, str) else alias[1])
