@@ -192,13 +192,15 @@ class AugmentedClassificationObjective:
             raise ValueError(f"sampling={sampling!r} is not valid; choose one of epoch, random")
         self.data, self.augment, self.sampling = data, augment, sampling
         self.autocast, self.channels_last = autocast, channels_last
+        self.stream: AugmentedImageStream | None = None  # the last one made (its loader time)
 
     def train_stream(self, batch_size: int, seed: int) -> AugmentedImageStream:
         """The training batches from the start (the trainer restores the position)."""
-        return AugmentedImageStream(
+        self.stream = AugmentedImageStream(
             self.data, self.augment, batch_size, seed,
             sampling=self.sampling, channels_last=self.channels_last,
         )  # fmt: skip
+        return self.stream
 
     def val_batches(self, batch_size: int, n_batches: int, seed: int) -> list[MixedBatch]:
         """The whole validation split, in order, in batches of ``batch_size`` (``n_batches``
