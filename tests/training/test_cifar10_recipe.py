@@ -170,6 +170,9 @@ def test_command_line_flags_cover_every_model_and_are_checked_against_the_one_bu
         prepare("cifar10", small(fake_cifar, model="resnet99"))
     with pytest.raises(ValueError, match="mix_prob must be in"):
         prepare("cifar10", small(fake_cifar, mix_prob=2.0))
+    for bad in (0, 25):
+        with pytest.raises(ValueError, match=f"n_val must be a positive multiple of 10.*got {bad}"):
+            prepare("cifar10", small(fake_cifar, n_val=bad))
 
 
 def test_bf16_and_channels_last_are_applied_to_built_and_rebuilt_models(

@@ -104,10 +104,11 @@ class Cifar10Options(Config):
         super().validate()
         check_positive(train_per_class=self.train_per_class, val_per_class=self.val_per_class,
                        test_per_class=self.test_per_class)  # fmt: skip
-        if self.n_val < 0:
-            raise ValueError(f"n_val must be >= 0, got {self.n_val}")
-        if self.val_per_class is not None and self.n_val == 0:
-            raise ValueError("val_per_class needs a validation split (n_val > 0)")
+        if self.n_val < len(CLASSES) or self.n_val % len(CLASSES):
+            raise ValueError(
+                f"n_val must be a positive multiple of {len(CLASSES)} (the same number of "
+                f"images from every class; the trainer evaluates on them), got {self.n_val}"
+            )
         self.augment()
 
     def augment(self) -> AugmentConfig:
