@@ -178,8 +178,13 @@ def load_config(path: str | os.PathLike[str]) -> Any:
     return config_from_json_dict(read_config(path))
 
 
-def safetensors_numel(file: str | os.PathLike[str]) -> int:
-    """Elements in a safetensors file, from its header's shapes (no tensor data is read).
+# batch-norm statistics are buffers, not parameters: count_params leaves them out
+BUFFER_SUFFIXES = (".running_mean", ".running_var", ".num_batches_tracked")
+
+
+def safetensors_numel(file: str | os.PathLike[str], *, skip: tuple[str, ...] = ()) -> int:
+    """Elements in a safetensors file, from its header's shapes (no tensor data is read),
+    leaving out the tensors whose names end with one of ``skip``.
 
     Raises:
         FileNotFoundError: if ``file`` does not exist.
@@ -191,7 +196,8 @@ def safetensors_numel(file: str | os.PathLike[str]) -> int:
     try:
         with safe_open(str(file), framework="pt") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                total += math.prod(f.get_slice(key).get_shape())
+                if not key.endswith(skip):
+                    total += math.prod(f.get_slice(key).get_shape())
     except SafetensorError as e:
         raise ValueError(f"{file} is not a readable safetensors file: {e}") from None
     return total
@@ -216,7 +222,7 @@ def check_param_count(path: str | os.PathLike[str], config: Any) -> None:
         CheckpointMismatchError: when the counts differ.
     """
     file = Path(path) / WEIGHTS_NAME
-    stored, implied = safetensors_numel(file), implied_params(config)
+    stored, implied = safetensors_numel(file, skip=BUFFER_SUFFIXES), implied_params(config)
     if stored != implied:
         fields = ("d_model", "n_heads", "n_layers", "d_ff", "vocab_size")
         sizes = ", ".join(f"{k}={getattr(config, k)}" for k in fields if hasattr(config, k))
@@ -405,6 +411,7 @@ for _model_type in MODEL_TYPES:
 
 
 __all__ = [
+    "BUFFER_SUFFIXES",
     "CONFIG_NAME",
     "WEIGHTS_NAME",
     "attach_methods",

@@ -19,8 +19,10 @@ from attnlab.models import (
     BERT,
     GPT,
     BERTConfig,
+    CCTConfig,
     EncoderDecoderTransformer,
     GPTConfig,
+    ResNetConfig,
     TransformerConfig,
     ViT,
     ViTConfig,
@@ -40,8 +42,11 @@ def shrink(config: Any) -> Any:
         small["n_decoder_layers"] = 1
     if "max_seq_len" in names:
         small["max_seq_len"] = min(config.max_seq_len, 64)
-    if "image_size" in names:
+    if "patch_size" in names:
         small["image_size"] = 2 * config.patch_size
+    if "stage_channels" in names:  # CNNs: one narrow block per stage
+        small["stage_channels"] = tuple(min(c, 8) for c in config.stage_channels)
+        small["blocks_per_stage"] = (1,) * len(config.blocks_per_stage)
     return dataclasses.replace(config, **{k: v for k, v in small.items() if k in names})
 
 
@@ -69,7 +74,8 @@ def bert_loss(model: BERT, g: torch.Generator) -> Tensor:
 
 def vit_loss(model: ViT, g: torch.Generator) -> Tensor:
     c = model.config
-    x = torch.randn(2, c.in_channels, c.image_size, c.image_size, generator=g)
+    size = getattr(c, "image_size", 32)  # the CIFAR ResNets take any size; 32x32 here
+    x = torch.randn(2, c.in_channels, size, size, generator=g)
     labels = torch.randint(c.n_classes, (2,), generator=g)
     return F.cross_entropy(model(x), labels)
 
@@ -89,6 +95,8 @@ LOSSES: dict[type[Any], Callable[[Any, torch.Generator], Tensor]] = {
     BERTConfig: bert_loss,
     ViTConfig: vit_loss,
     TransformerConfig: transformer_loss,
+    CCTConfig: vit_loss,
+    ResNetConfig: vit_loss,
 }
 
 

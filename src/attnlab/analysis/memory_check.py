@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnlab.analysis.flops import FLOP_FORMULAS
 from attnlab.analysis.memory import (
     FP32,
     dtype_bytes,
@@ -76,8 +77,8 @@ def estimate_training(
     Raises:
         ValueError: for a non-positive ``batch`` or ``seq_len``, or an unknown ``dtype``.
     """
-    if type(config) not in PARAM_FORMULAS:
-        return None
+    if type(config) not in PARAM_FORMULAS or type(config) not in FLOP_FORMULAS:
+        return None  # the activations come from the FLOP terms (CNNs, CCT: no estimate)
     m = training_memory(config, seq_len, batch=batch, dtype=dtype)
     T = seq_len if seq_len is not None else config.max_seq_len
     what = f"training {type(config).__name__} ({dtype}, Adam, batch {batch} x {T} tokens)"

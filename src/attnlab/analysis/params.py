@@ -15,6 +15,7 @@ to the token table goes with it, an untied one stays.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,9 @@ from attnlab.layers.embedding import TokenEmbedding
 from attnlab.layers.feedforward import GATED
 from attnlab.layers.positional import LearnedPositionalEmbedding
 from attnlab.models.bert import BERTConfig
+from attnlab.models.cct import CCTConfig
 from attnlab.models.gpt import GPTConfig
+from attnlab.models.resnet import ResNetConfig
 from attnlab.models.transformer import TransformerConfig
 from attnlab.models.vit import ViTConfig
 
@@ -138,18 +141,22 @@ class ParamBreakdown:
         return [n for n in self.components if n.split(".", 1)[0] in self.n_layers]
 
     def grouped(self) -> dict[str, int]:
-        """Totals per kind: embeddings, attention, ffn, norms, head."""
+        """Totals per kind: embeddings, attention, ffn, norms, head (and conv, for models with
+        convolutions)."""
         out = dict.fromkeys(("embeddings", "attention", "ffn", "norms", "head"), 0)
         for name, count in self.components.items():
-            out[component_group(name)] += count
+            group = component_group(name)
+            out[group] = out.get(group, 0) + count
         return out
 
 
 def component_group(name: str) -> str:
-    """The kind of a parameter component: embeddings, attention, ffn, norms or head."""
+    """The kind of a parameter component: embeddings, attention, ffn, norms, conv or head."""
     leaf = name.rsplit(".", 1)[-1]
     if name.startswith("embedding.") and leaf != "norm":
         return "embeddings"
+    if leaf.startswith("conv"):
+        return "conv"
     if leaf.endswith("attn"):
         return "attention"
     if leaf == "ffn":
@@ -246,11 +253,49 @@ def _transformer_breakdown(c: TransformerConfig) -> ParamBreakdown:
     return ParamBreakdown(comp, {"encoder": c.n_layers, "decoder": c.num_decoder_layers}, tied)
 
 
+def _cct_breakdown(c: CCTConfig) -> ParamBreakdown:
+    widths = [c.in_channels] + [c.conv_channels] * (c.conv_layers - 1) + [c.d_model]
+    k2 = c.conv_kernel**2
+    comp = {"tokenizer.conv": sum(k2 * a * b for a, b in itertools.pairwise(widths))}
+    if c.pos_encoding == "learned":
+        comp["embedding.position"] = c.max_seq_len * c.d_model
+    comp.update(_stack("layers", c, c.n_layers))
+    if c.use_final_norm:
+        comp["final_norm"] = norm_params(c.d_model, c.norm, c.bias)
+    comp["pool"] = linear_params(c.d_model, 1)  # sequence pooling's scores
+    if c.n_classes:
+        comp["head"] = linear_params(c.d_model, c.n_classes)
+    return ParamBreakdown(comp, {"layers": c.n_layers})
+
+
+def _resnet_breakdown(c: ResNetConfig) -> ParamBreakdown:
+    """3x3 convolutions without bias, BN gain + shift after each, option-B projections."""
+    width = c.stage_channels[0]
+    comp = {"stem.conv": 9 * c.in_channels * width, "stem.norm": 2 * width}
+    conv = norms = projection = projection_norms = 0
+    for i, (channels, n) in enumerate(zip(c.stage_channels, c.blocks_per_stage, strict=True)):
+        for j in range(n):
+            conv += 9 * width * channels + 9 * channels * channels
+            norms += 2 * 2 * channels
+            changes = (i > 0 and j == 0) or width != channels
+            if changes and c.shortcut == "B":
+                projection += width * channels
+                projection_norms += 2 * channels
+            width = channels
+    comp.update({"stages.conv": conv, "stages.norms": norms})
+    if projection:
+        comp.update({"stages.conv_shortcut": projection, "stages.shortcut_norms": projection_norms})
+    comp["head"] = linear_params(width, c.n_classes)
+    return ParamBreakdown(comp, {})
+
+
 BREAKDOWNS: dict[type[Any], Callable[[Any], ParamBreakdown]] = {
     GPTConfig: _gpt_breakdown,
     BERTConfig: _bert_breakdown,
     ViTConfig: _vit_breakdown,
     TransformerConfig: _transformer_breakdown,
+    CCTConfig: _cct_breakdown,
+    ResNetConfig: _resnet_breakdown,
 }
 
 
@@ -277,6 +322,8 @@ PARAM_FORMULAS: dict[type[Any], Callable[[Any, bool], int]] = {
     BERTConfig: bert_params,
     ViTConfig: vit_params,
     TransformerConfig: transformer_params,
+    CCTConfig: lambda c, exclude: _total(_cct_breakdown(c), exclude),
+    ResNetConfig: lambda c, exclude: _total(_resnet_breakdown(c), exclude),
 }
 
 

@@ -2,8 +2,9 @@
 
 The run is rebuilt from its ``run.json`` with the newest checkpoint's weights; the output is the
 recipe's validation figures (loss, accuracy and the recipe's own: exact match, perplexity,
-BLEU), for digits the accuracy on the whole validation and test splits, and for the masked LM a
-filled-in sample. ``--json`` prints them as JSON.
+BLEU), for digits the accuracy on the whole validation and test splits, for cifar10 also the
+test split's per-class accuracy and confusion matrix, and for the masked LM a filled-in sample.
+``--json`` prints them as JSON.
 """
 
 from __future__ import annotations
@@ -50,21 +51,48 @@ def run_evaluate(args: argparse.Namespace) -> int:
     if run.recipe.name == "digits":
         for split in ("val", "test"):
             whole[split] = classification_accuracy(run.model, run.data.value, split)
+    cifar = cifar10_report(run) if run.recipe.name == "cifar10" else None
+    if cifar is not None:
+        whole = {split: e.accuracy for split, e in cifar.items()}
     sample = mlm_fill_sample(run) if run.recipe.name == "shakespeare-mlm" else None
     if args.json:
+        extra = {"splits": {k: e.to_dict() for k, e in cifar.items()}} if cifar else {}
         print(json.dumps({"recipe": run.recipe.name, "checkpoint": str(run.checkpoint),
                           "metrics": metrics, "whole_split_accuracy": whole,
-                          "sample": sample}, indent=2))  # fmt: skip
+                          "sample": sample, **extra}, indent=2))  # fmt: skip
         return 0
     print(f"{run.recipe.name} ({run.checkpoint}):")
     for key, value in metrics.items():
         shown = f"{value:.2%}" if "accuracy" in key or "exact_match" in key else f"{value:.4f}"
         print(f"  {key.replace('_', ' ')}: {shown}")
     for split, accuracy in whole.items():
-        print(f"  {split} accuracy (whole split): {accuracy:.2%}")
+        source = f", {cifar[split].dataset}" if cifar else ""
+        print(f"  {split} accuracy (whole split{source}): {accuracy:.2%}")
+    if cifar is not None:
+        print_cifar10_report(cifar["test"])
     if sample is not None:
         print(sample)
     return 0
+
+
+def cifar10_report(run: Any) -> dict[str, Any]:
+    """``{split: SplitEvaluation}`` of a cifar10 run's whole validation and test splits."""
+    from attnlab.training.data import Split
+    from attnlab.training.recipes.cifar10 import evaluate_split
+
+    splits: list[Split] = ["val", "test"]
+    return {s: evaluate_split(run, s) for s in splits if s in run.data.value.splits}
+
+
+def print_cifar10_report(e: Any) -> None:
+    """Per-class accuracy and the confusion matrix of one split, as text."""
+    print(f"  {e.split}: {e.images:,} images of {e.dataset}")
+    print("  per class: " + ", ".join(f"{k} {v:.1%}" for k, v in e.per_class.items()))
+    names = [k[:5] for k in e.per_class]
+    print("  confusion (rows: true class, columns: predicted):")
+    print("    " + " " * 6 + " ".join(f"{n:>5}" for n in names))
+    for name, row in zip(names, e.confusion, strict=True):
+        print(f"    {name:>5} " + " ".join(f"{v:>5}" for v in row))
 
 
 def mlm_fill_sample(run: Any, *, seed: int = 0) -> str:
@@ -89,4 +117,10 @@ def mlm_fill_sample(run: Any, *, seed: int = 0) -> str:
     )
 
 
-__all__ = ["add_parser", "mlm_fill_sample", "run_evaluate"]
+__all__ = [
+    "add_parser",
+    "cifar10_report",
+    "mlm_fill_sample",
+    "print_cifar10_report",
+    "run_evaluate",
+]

@@ -68,6 +68,7 @@ def add_parser(commands: Any) -> None:
                 "Options of the recipe (--key=value or --key value; --no-key for booleans; "
                 "none for empty):\n"
                 + help_table(sections, {"model": recipe.derived}).replace("%", "%%")
+                + _variant_tables(recipe)
             ),
         )
         p.add_argument("--out", default=None, help="run directory (default: RUNS_DIR/NAME)")
@@ -81,6 +82,14 @@ def add_parser(commands: Any) -> None:
         )
         prog = f"attnlab train {name}"
         p.set_defaults(func=_launcher(prog), recipe=name, accepts_overrides=True, parser=p)
+
+
+def _variant_tables(recipe: Recipe) -> str:
+    """The help tables of the model configs the recipe's other options choose (cifar10's
+    ``--model``)."""
+    skip = {"model": recipe.derived}
+    tables = [help_table({"model": recipe.sections(v)["model"]}, skip) for v in recipe.variants]
+    return "".join("\n" + t.replace("%", "%%") for t in tables)
 
 
 def _module_doc(recipe: Recipe) -> str:
@@ -102,6 +111,9 @@ def recipe_types(recipe: Recipe) -> dict[str, Any]:
     """``{key: annotation}`` of every flag of ``recipe`` (its aliases included)."""
     sections = recipe.sections()
     types_ = key_types(sections, {"model": recipe.derived})
+    for variant in recipe.variants:  # other model configs the options can choose
+        for k, v in key_types(recipe.sections(variant), {"model": recipe.derived}).items():
+            types_.setdefault(k, v)
     hints = {k: v for obj in sections.values() for k, v in field_hints(type(obj)).items()}
     for old, alias in recipe.aliases.items():
         types_.setdefault(old, hints.get(alias, str) if isinstance(alias, str) else alias[1])

@@ -10,6 +10,7 @@ output file is checked to be writable before anything is computed)::
     attnlab viz schedule --kind noam --d-model 512 --warmup 4000
     attnlab viz curves RUN_DIR [RUN_DIR ...] [--log-y]
     attnlab viz bench RESULTS.json
+    attnlab viz confusion RUN_DIR [--split test|val] [--counts]
 
 Layers and heads count from 0. Every command writes a PNG (``--out``) and prints its path.
 """
@@ -23,7 +24,7 @@ from typing import Any
 from attnlab.cli.common import check_writable, guarded
 from attnlab.viz._mpl import DPI, save_figure
 
-COMMANDS = ("attention", "positional", "masks", "schedule", "curves", "bench")
+COMMANDS = ("attention", "positional", "masks", "schedule", "curves", "bench", "confusion")
 
 
 def _ints(text: str) -> list[int]:
@@ -229,9 +230,30 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _confusion(args: argparse.Namespace) -> int:
+    """``attnlab viz confusion``: the confusion matrix of a trained classification run."""
+    from attnlab.training.recipes import load_run
+    from attnlab.training.recipes.cifar10 import evaluate_split
+    from attnlab.viz.confusion import plot_confusion
+
+    check_writable(args.out, what="--out")
+    run = load_run(args.run)
+    if run.recipe.name != "cifar10":
+        raise ValueError(
+            f"{args.run} is a {run.recipe.name!r} run; viz confusion reads cifar10 runs"
+        )
+    e = evaluate_split(run, args.split)
+    print(f"{e.split}: accuracy {e.accuracy:.2%} on {e.images:,} images of {e.dataset}")
+    model = run.options.model
+    title = args.title or f"{model}, {e.split} ({e.images:,} images, {e.dataset})"
+    fig = plot_confusion(e.confusion, list(e.per_class), normalize=not args.counts, title=title)
+    print(f"wrote {save_figure(fig, args.out, dpi=args.dpi)}")
+    return 0
+
+
 _BODIES = {
     "attention": _attention, "positional": _positional, "masks": _masks,
-    "schedule": _schedule, "curves": _curves, "bench": _bench,
+    "schedule": _schedule, "curves": _curves, "bench": _bench, "confusion": _confusion,
 }  # fmt: skip
 
 
@@ -325,8 +347,17 @@ def _add_bench(sub: Any) -> None:
     _output(p, "bench.png", "bench.png")
 
 
+def _add_confusion(sub: Any) -> None:
+    p = _command(sub, "confusion", "confusion matrix of a trained cifar10 run")
+    p.add_argument("run", help="run directory (runs/NAME) of the cifar10 recipe")
+    p.add_argument("--split", default="test", choices=["test", "val"], help="default test")
+    p.add_argument("--counts", action="store_true", help="image counts instead of row rates")
+    p.add_argument("--title")
+    _output(p, "confusion.png", "confusion.png")
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """``viz`` with attention, positional, masks, schedule, curves, bench."""
+    """``viz`` with attention, positional, masks, schedule, curves, bench, confusion."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "viz",
         help="pictures: attention maps, positional encodings, masks, schedules, curves",
@@ -335,7 +366,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     metavar = "{" + ",".join(COMMANDS) + "}"
     sub = p.add_subparsers(dest="viz_command", required=True, metavar=metavar)
     for add in (_add_attention, _add_positional, _add_masks, _add_schedule, _add_curves,
-                _add_bench):  # fmt: skip
+                _add_bench, _add_confusion):  # fmt: skip
         add(sub)
     return p
 

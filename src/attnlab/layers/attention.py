@@ -116,7 +116,6 @@ def scaled_dot_product_attention(
     # Scores in at least float32: half-precision scores overflow for large logits.
     compute_dtype = torch.promote_types(q.dtype, torch.float32)
     scores = (q.to(compute_dtype) @ k.to(compute_dtype).transpose(-2, -1)) * scale  # (B,H,T,S)
-    neg = torch.finfo(compute_dtype).min
 
     keep: Tensor | None = None  # bool, broadcastable to (B, H, T, S): True = may attend
     if is_causal:
@@ -130,6 +129,8 @@ def scaled_dot_product_attention(
             scores = scores + mask.to(compute_dtype)
             finite = mask > torch.finfo(mask.dtype).min
             keep = finite if keep is None else keep & finite
+    # the scores' own dtype: CPU autocast runs the matmul above in bfloat16 whatever its inputs
+    neg = torch.finfo(scores.dtype).min
     if keep is not None:
         scores = scores.masked_fill(~keep, neg)
     scores = scores.clamp_min(neg)  # additive masks may have pushed scores to -inf

@@ -14,10 +14,12 @@ import torch
 from torch import nn
 
 from attnlab.config import config_from_dict
-from attnlab.models import bert, gpt, transformer, vit
+from attnlab.models import bert, cct, gpt, resnet, transformer, vit
 from attnlab.models.bert import BERT, BERTConfig, BERTOutput, mask_tokens, mask_tokens_for
+from attnlab.models.cct import CCT, CCTConfig
 from attnlab.models.cnn import CNNClassifier, CNNConfig
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.models.resnet import ResNet, ResNetConfig
 from attnlab.models.transformer import (
     Decoder,
     Encoder,
@@ -33,9 +35,11 @@ MODEL_TYPES.add("gpt", (GPTConfig, GPT))
 MODEL_TYPES.add("bert", (BERTConfig, BERT))
 MODEL_TYPES.add("vit", (ViTConfig, ViT))
 MODEL_TYPES.add("cnn", (CNNConfig, CNNClassifier))
+MODEL_TYPES.add("cct", (CCTConfig, CCT))
+MODEL_TYPES.add("resnet", (ResNetConfig, ResNet))
 
 PRESETS: dict[str, Any] = {**transformer.PRESETS}
-for _module in (gpt, bert, vit):
+for _module in (gpt, bert, vit, cct, resnet):
     _clash = sorted(set(PRESETS) & set(_module.PRESETS))
     if _clash:
         raise ValueError(f"preset names defined twice: {_clash}")
@@ -117,17 +121,21 @@ def config_from_json_dict(data: dict[str, Any]) -> Any:
 
 __all__ = [
     "BERT",
+    "CCT",
     "GPT",
     "MODEL_TYPES",
     "PRESETS",
     "BERTConfig",
     "BERTOutput",
+    "CCTConfig",
     "CNNClassifier",
     "CNNConfig",
     "Decoder",
     "Encoder",
     "EncoderDecoderTransformer",
     "GPTConfig",
+    "ResNet",
+    "ResNetConfig",
     "TransformerConfig",
     "ViT",
     "ViTConfig",

@@ -162,4 +162,17 @@ PRESETS: dict[str, ViTConfig] = {
         dropout=0.1,
         norm_eps=1e-6,
     ),
+    # CIFAR-10 (exercise 7): 32x32 RGB, 4x4 patches (64 + [CLS] tokens), E 192, 3 heads of 64,
+    # MLP ratio 2 (ViT-Lite's), 6 layers: sized for 30 minutes on two CPU cores.
+    "vit-cifar": ViTConfig(
+        image_size=32,
+        patch_size=4,
+        in_channels=3,
+        n_classes=10,
+        d_model=192,
+        n_heads=3,
+        n_layers=6,
+        d_ff=384,
+        norm_eps=1e-6,
+    ),
 }

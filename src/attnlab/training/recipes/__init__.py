@@ -6,13 +6,14 @@ directory (:mod:`attnlab.training.rundir`):
 - ``reverse`` (:mod:`~attnlab.training.recipes.reverse`): the first end-to-end run;
 - ``shakespeare-char``, ``shakespeare-mlm`` (:mod:`~attnlab.training.recipes.text`);
 - ``digits`` (:mod:`~attnlab.training.recipes.images`);
+- ``cifar10`` (:mod:`~attnlab.training.recipes.cifar10`): ResNet, ViT or CCT on CIFAR-10;
 - ``translate`` (:mod:`~attnlab.training.recipes.translation`): Multi30k, the paper's task.
 
 :func:`prepare` makes one concrete (with ``--key=value`` overrides), :func:`load_run` rebuilds a
 trained run; a new task is a new module here registering a :class:`Recipe` in :data:`RECIPES`.
 """
 
-from attnlab.training.recipes import images, reverse, text, translation
+from attnlab.training.recipes import cifar10, images, reverse, text, translation
 from attnlab.training.recipes.base import (
     RECIPES,
     Data,
@@ -30,6 +31,7 @@ __all__ = [
     "Data",
     "Prepared",
     "Recipe",
+    "cifar10",
     "get_recipe",
     "images",
     "load_run",

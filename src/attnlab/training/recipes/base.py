@@ -73,6 +73,12 @@ class Recipe:
             tokenizer, a task's sequence length).
         memory_batch: ``(options, train) -> sequences`` of the largest micro-batch, for the
             memory check (default ``train.batch_size``; translation sizes batches in tokens).
+        model_transform: ``(options, model) -> model``, applied to the built model (before a
+            checkpoint's weights are loaded): transforms from outside such as a memory layout
+            or float32 attention under autocast.
+        variants: other options (e.g. each ``model`` choice) whose model configs take flags
+            too; the command line accepts the union of their keys, :func:`prepare` checks them
+            against the model actually built.
     """
 
     name: str
@@ -88,6 +94,8 @@ class Recipe:
     aliases: Mapping[str, Alias] = field(default_factory=dict)
     derived: tuple[str, ...] = ("vocab_size",)
     memory_batch: Callable[[Any, TrainConfig], int] = lambda o, t: t.batch_size
+    model_transform: Callable[[Any, nn.Module], nn.Module] = lambda o, m: m
+    variants: tuple[Any, ...] = ()
 
     def default_run_name(self, options: Any) -> str:
         return self.run_name(options) if self.run_name is not None else self.name
@@ -255,7 +263,7 @@ def prepare(
     train = r.adjust(options, train, model_config, set(routed["train"]))
     if check is not None:
         check(model_config, train, r.memory_batch(options, train))
-    model = _build(model_config, seed=train.seed)
+    model = r.model_transform(options, _build(model_config, seed=train.seed))
     objective = r.objective(options, model_config, data, train)
     return Prepared(r, model, objective, train, options, model_config, data,
                     r.callbacks(options, model_config, data))  # fmt: skip
@@ -298,7 +306,7 @@ def load_run(run_dir: str | os.PathLike[str], *, weights: bool = True) -> Prepar
     tokenizer_file = run.path / TOKENIZER_NAME
     tokenizer = load_tokenizer(tokenizer_file) if tokenizer_file.is_file() else None
     data = r.data(options, tokenizer, train)
-    model = _build(model_config, seed=train.seed)
+    model = r.model_transform(options, _build(model_config, seed=train.seed))
     checkpoint = None
     if weights:
         checkpoint = latest_checkpoint(run.path)

@@ -9,10 +9,12 @@ tokenizer, and trains on the one :class:`~attnlab.training.Trainer`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from attnlab.config import config_from_dict
 from attnlab.tokenizers import load_tokenizer
 from attnlab.training.config import TrainConfig
 from attnlab.training.distributed import DistributedContext, current_context
@@ -51,7 +53,10 @@ def resumed_overrides(run: RunDir, recipe: Recipe, given: Mapping[str, Any]) -> 
     saved = run.read_record()
     if saved["recipe"] != recipe.name:
         raise RunDirError(f"{run.path} is a {saved['recipe']!r} run, not {recipe.name!r}")
-    keys = recipe.keys()
+    # the keys of the run's own options: its model config may be another than the default's
+    names = {f.name for f in dataclasses.fields(recipe.options)}
+    stored_options = {k: v for k, v in saved.get("options", {}).items() if k in names}
+    keys = recipe.keys(config_from_dict(type(recipe.options), stored_options))
     values: dict[str, Any] = {}
     for section in ("options", "train", "model"):
         stored = saved.get(section, {})
