@@ -618,6 +618,8 @@ ROWS: list[Row] = [
     Row("models", "GPT.forward", "ids on the meta device, weights on the CPU", lambda: model("gpt")(ids(1, 3).to("meta")), ValueError),
     Row("models", "GPT.forward", "float targets", lambda: model("gpt")(ids(1, 3), targets=t(1, 3)), ValueError),
     Row("models", "GPT.forward", "a target outside the vocabulary", lambda: model("gpt")(ids(1, 3), targets=ids(1, 3, value=50)), ValueError),
+    Row("cli", "attnlab viz positional", "--out where no file can be written (/proc)", lambda: cli("viz", "positional", "--kind", "sinusoidal", "--out", "/proc/x.png"), CLIExitError),
+    Row("cli", "attnlab analyze", "--plot where no file can be written (/proc)", lambda: cli("analyze", "gpt2-small", "--sweep-seq-len", "--plot", "/proc/x.png"), CLIExitError),
     Row("cli", "attnlab generate", "a checkpoint holding NaN", lambda: cli("generate", "ckpt/nan_gpt", "--ids", "1"), CLIExitError),
     Row("cli", "attnlab train shakespeare-char", "--resume of a run whose checkpoints are gone", lambda: cli("train", "shakespeare-char", "--data=corpus.txt", "--out", "runs/lost", "--resume"), CLIExitError),
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
@@ -88,6 +89,11 @@ def check_writable(path: str | os.PathLike[str] | None, *, what: str = "output")
         fail(f"{what} {target}: {parent} is a file, not a directory")
     if not os.access(parent, os.W_OK):
         fail(f"{what} {target}: {parent} is not writable")
+    try:  # what access() cannot tell (root, read-only or special file systems): try it
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        fail(f"{what} {target}: cannot write in {parent} ({e.strerror or e})")
     return target
 
 
