@@ -2,12 +2,12 @@
 
 The verification rule alone (:func:`rejection_acceptance`, on explicit probability tables with
 200,000 independent rows) and whole speculative decoding calls (a 5-token vocabulary, temperature
-1.3 and top-k 4 applied to both models, 20,000+ draws per draft): the joint distribution of the
+1.3 and top-k 4 applied to both models, 9,600 and 20,000 draws): the joint distribution of the
 first two tokens must match the target's exact one, computed from its forward passes. Tolerance,
 stated: a chi-square goodness-of-fit p-value above 1e-3 (cells the target gives probability 0
 must stay empty) and a total-variation distance under a bound about three times the expected
-sampling noise. The same counts against the *draft's* distribution must fail (p < 1e-6): the test
-can tell the difference it is there to catch.
+sampling noise. The same counts tested against the *draft's* distribution (the tables' and the
+unrelated draft's) must fail (p < 1e-6): the test can tell the difference it is there to catch.
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def test_sampling_keeps_the_target_distribution_of_the_first_two_tokens() -> Non
     exact = exact_first_two(target)
     assert int((exact == 0).sum()) >= V  # top-k removed tokens: cells that must stay empty
     close = close_to(target, 0.01)
-    for name, draft, calls, rows in (("unrelated", tiny(1), 4, 5000), ("close", close, 1000, 16)):
+    for name, draft, calls, rows in (("unrelated", tiny(1), 4, 5000), ("close", close, 600, 16)):
         counts = first_two_counts(target, draft, calls, rows, seed=2)
         n = int(counts.sum())
         assert chi_square_p(counts, exact) > 1e-3, name

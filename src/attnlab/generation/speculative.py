@@ -303,7 +303,7 @@ class _Loop:
             keep = max(1, min(drafter.context // 2, drafter.context - k + 1))
             drafter.restart(L - keep)
         for j in range(k):
-            scores = self.chain(drafter.feed(L + j)[:, -1].float())  # (B, V)
+            scores = self.chain(drafter.feed(L + j, last_only=True)[:, -1].float())  # (B, V)
             if self.sample:
                 probs[:, j] = scores.softmax(dim=-1)
                 x = torch.multinomial(probs[:, j], 1, generator=self.generator).squeeze(-1)

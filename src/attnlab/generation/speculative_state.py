@@ -86,11 +86,12 @@ class Decoder:
         """The first column not in the cache."""
         return self.start + self.cache.seq_len
 
-    def feed(self, end: int) -> Tensor:
+    def feed(self, end: int, *, last_only: bool = False) -> Tensor:
         """Run columns ``fed .. end - 1`` through the model, extending the cache.
 
         Shapes:
-            returns ``(B, end - fed, V)``: the next-token logits after each column.
+            returns ``(B, end - fed, V)``: the next-token logits after each column (``(B, 1,
+            V)``, the last column's, with ``last_only``).
         """
         begin, cols = self.fed, self.columns
         if not begin < end <= self.start + self.context:
@@ -99,7 +100,7 @@ class Decoder:
         h = self.model.hidden_states(
             cols.ids[:, begin:end], mask=mask, positions=positions, cache=self.cache
         )  # (B, T, E)
-        return self.model.lm_head(h)  # (B, T, V)
+        return self.model.lm_head(h[:, -1:] if last_only else h)  # (B, T or 1, V)
 
     def rewind(self, end: int) -> None:
         """Forget the cached columns from ``end`` on (rejected proposals)."""
