@@ -138,3 +138,78 @@ def test_cross_cache_is_computed_once() -> None:
     first = [c.k for c in cache.cross_attn]
     model.decode(torch.randint(3, 23, (1, 1)), memory, cache=cache)
     assert all(a is c.k for a, c in zip(first, cache.cross_attn, strict=True))
+
+
+def test_truncate_forgets_positions_and_refuses_bad_lengths() -> None:
+    cache = LayerKVCache(max_len=6)
+    k = torch.randn(1, 2, 5, 4)
+    cache.update(k, k)
+    cache.truncate(2)
+    assert cache.length == 2 and cache.key_start == 0
+    k2 = torch.randn(1, 2, 3, 4)
+    keys, _ = cache.update(k2, k2)
+    torch.testing.assert_close(keys, torch.cat([k[:, :, :2], k2], dim=2), rtol=0, atol=0)
+    for bad in (-1, 6, 1.5):
+        with pytest.raises(ValueError, match=r"cannot truncate to|length must be an integer"):
+            cache.truncate(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="rollback must be a non-negative integer"):
+        LayerKVCache(4, window=2, rollback=-1)
+
+
+def test_window_cache_truncates_as_far_as_its_rollback() -> None:
+    """A window-4 cache keeps 3 keys + ``rollback``; it can step back that far, no further."""
+    k = torch.arange(8.0).view(1, 1, 8, 1)
+    cache = LayerKVCache(16, window=4, rollback=2)
+    cache.update(k[:, :, :6], k[:, :, :6])
+    assert cache.key_start == 1  # positions 1..5 kept (3 + 2)
+    cache.truncate(4)  # a query at 4 sees keys 1..3: all kept
+    assert cache.key_start == 1 and cache.length == 4
+    keys, _ = cache.update(k[:, :, 6:7], k[:, :, 6:7])
+    assert keys.flatten().tolist() == [1.0, 2.0, 3.0, 6.0]
+    assert cache.key_positions(0).tolist() == [1, 2, 3, 4]
+    plain = LayerKVCache(16, window=4)
+    plain.update(k[:, :, :6], k[:, :, :6])
+    with pytest.raises(ValueError, match="needs rollback >= 2"):
+        plain.truncate(4)  # it kept keys 3..5 only; a query at 4 needs key 1
+    plain.truncate(6)  # no-op
+    plain.truncate(0)  # forgetting everything always works
+    assert plain.length == 0 and plain.k is None
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"pos_encoding": "rope", "n_kv_heads": 1},
+        {"pos_encoding": "alibi", "attn_backend": "sliding_window", "attn_window": 4},
+    ],
+    ids=["learned", "rope-gqa", "sliding-window"],
+)
+def test_rolled_back_cache_equals_a_fresh_cache_of_the_prefix(kw: dict[str, object]) -> None:
+    """Feed 9 tokens, truncate to 5 (as after rejected draft tokens): the cached keys/values and
+    the next logits equal those of a cache that only ever saw the 5."""
+    from attnlab import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=23, d_model=16, n_heads=2, n_layers=2, d_ff=32,
+                          max_seq_len=32, dropout=0.0, eos_id=None, **kw)).eval()  # type: ignore[arg-type]  # fmt: skip
+    ids = torch.randint(0, 23, (2, 12))
+    with torch.no_grad():
+        rolled = model.new_cache(16, rollback=4)
+        model(ids[:, :3], cache=rolled)
+        model(ids[:, 3:9], cache=rolled)  # 6 at once, as a verification forward
+        rolled.truncate(5)
+        fresh = model.new_cache(16)
+        model(ids[:, :5], cache=fresh)
+        assert rolled.seq_len == fresh.seq_len == 5
+        for a, b in zip(rolled.self_attn, fresh.self_attn, strict=True):
+            assert a.k is not None and b.k is not None and a.v is not None and b.v is not None
+            seen = b.key_positions(0)  # what a query at position 5 may attend to
+            n = a.length - a.key_start
+            got_k, want_k = a.k[:, :, n - len(seen) : n], b.k[:, :, : len(seen)]
+            if a.window is None:
+                got_k, want_k = a.k[:, :, :5], b.k[:, :, :5]
+                torch.testing.assert_close(a.v[:, :, :5], b.v[:, :, :5], atol=1e-6, rtol=0)
+            torch.testing.assert_close(got_k, want_k, atol=1e-6, rtol=0)
+        after_rolled, _ = model(ids[:, 5:12], cache=rolled)
+        after_fresh, _ = model(ids[:, 5:12], cache=fresh)
+    torch.testing.assert_close(after_rolled, after_fresh, atol=1e-5, rtol=0)

@@ -4,6 +4,7 @@
     attnlab generate runs/shakespeare-char --prompt "ROMEO:" --temperature 0.8 --seed 0
     attnlab generate MODEL_DIR --prompt "..." --num-beams 4 --num-return-sequences 2
     attnlab generate MODEL_DIR --ids 5,17,42 --max-new-tokens 16     # no tokenizer
+    attnlab generate RUN --prompt "ROMEO:" --draft DRAFT_RUN --num-draft-tokens 4   # speculative
 
 ``MODEL_DIR`` is anything :func:`attnlab.from_pretrained` loads (attnlab's format or a Hugging
 Face directory), or a run directory of ``attnlab train`` (its newest checkpoint). With a
@@ -28,6 +29,13 @@ from typing import Any
 
 from attnlab.cli.common import check_device, fail, guarded
 from attnlab.cli.decoding import add_decoding_arguments, context_message, decoding_config, ids
+from attnlab.cli.speculative import (  # speculative decoding (issue 27)
+    add_speculative_arguments,
+    decode,
+    draft_options,
+    load_draft,
+    print_summary,
+)
 from attnlab.generation import ContextLengthError, GenerationConfig
 
 
@@ -49,6 +57,7 @@ def add_parser(commands: Any) -> None:
         help="encoder-decoders: do not end each source with the model's EOS id",
     )
     add_decoding_arguments(p, max_new_tokens=64, temperature=None, seed=None)
+    add_speculative_arguments(p)  # --draft, --num-draft-tokens
     p.add_argument("--no-stream", action="store_true", help="print only at the end")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto")
     p.add_argument(
@@ -71,7 +80,7 @@ def resolve(path: str, tokenizer: str | None) -> tuple[Path, Any]:
 
 def _stream_text(
     model: Any, tokenizer: Any, prompt: list[int], config: GenerationConfig, generator: Any,
-    echo: bool,
+    echo: bool, draft: dict[str, Any] | None = None,
 ) -> None:  # fmt: skip
     """Print the text as it is produced. Each step decodes the whole sequence (after the echoed
     prompt, if any) and prints what is new, so spaces between pieces and characters spread
@@ -82,7 +91,8 @@ def _stream_text(
     shown = tokenizer.decode(prefix, skip_special_tokens=True) if prefix else ""
     sys.stdout.write(shown)
     out = prefix
-    for step in stream(model, [prompt], config, generator=generator):
+    steps = stream(model, [prompt], config, generator=generator, **(draft or {}))
+    for step in steps:
         out.append(int(step.tokens[0]))
         text = tokenizer.decode(out, skip_special_tokens=True)
         if text.startswith(shown):  # otherwise wait: a piece is still being merged
@@ -90,6 +100,7 @@ def _stream_text(
             sys.stdout.flush()
             shown = text
     sys.stdout.write("\n")
+    print_summary(getattr(steps, "stats", None))  # with a draft: its acceptance statistics
 
 
 def _check_memory(
@@ -142,7 +153,7 @@ def _prompts(args: argparse.Namespace, tokenizer: Any) -> list[list[int]]:
 def run_generate(args: argparse.Namespace) -> int:
     """``attnlab generate``: 0, or 2 with one ``error:`` line on bad input."""
     import attnlab
-    from attnlab.generation import beam_search, generate
+    from attnlab.generation import beam_search
     from attnlab.generation.request import resolve_eos
 
     config, generator = decoding_config(args)
@@ -151,6 +162,10 @@ def run_generate(args: argparse.Namespace) -> int:
     prompts = _prompts(args, tokenizer)
     if not args.ignore_memory_check:
         _check_memory(directory, device, prompts, config)
+        if args.draft is not None:
+            from attnlab.training.rundir import resolve_model_directory
+
+            _check_memory(resolve_model_directory(args.draft), device, prompts, config)
     model = attnlab.from_pretrained(directory, device=device)
     if not isinstance(model, attnlab.GPT | attnlab.EncoderDecoderTransformer):
         fail(f"{args.model} holds a {type(model).__name__}, which does not generate")
@@ -158,6 +173,7 @@ def run_generate(args: argparse.Namespace) -> int:
     source_eos = (
         model.config.eos_id if isinstance(model, attnlab.EncoderDecoderTransformer) else None
     )
+    draft = load_draft(args, model, tokenizer, config, device)  # --draft (speculative decoding)
     if source_eos is not None and not args.no_source_eos:
         prompts = [p if p[-1:] == [source_eos] else [*p, source_eos] for p in prompts]
 
@@ -179,9 +195,10 @@ def run_generate(args: argparse.Namespace) -> int:
         one = len(prompts) == 1 and config.num_return_sequences == 1
         if tokenizer is not None and one and not args.no_stream:
             echo = isinstance(model, attnlab.GPT)
-            _stream_text(model, tokenizer, prompts[0], config, generator, echo)
+            _stream_text(model, tokenizer, prompts[0], config, generator, echo,
+                         draft_options(args, draft))  # fmt: skip
             return 0
-        rows = generate(model, prompts, config, generator=generator).tolist()
+        rows = decode(model, prompts, config, generator, args, draft).tolist()
     except ContextLengthError as e:
         fail(context_message(e))
     for i, row in enumerate(rows):

@@ -13,6 +13,7 @@ from typing import Any
 
 from attnlab.cli.common import fail, guarded
 from attnlab.cli.decoding import add_decoding_arguments, context_message, decoding_config
+from attnlab.cli.speculative import add_speculative_arguments, decode, load_draft  # issue 27
 from attnlab.generation import ContextLengthError
 
 
@@ -26,6 +27,7 @@ def add_parser(commands: Any) -> None:
     p.add_argument("run", help="run directory (runs/NAME), one of its checkpoints or exports")
     p.add_argument("--prompt", default="\n", help="text to continue (default: a new line)")
     add_decoding_arguments(p, max_new_tokens=200, temperature=None, seed=None)
+    add_speculative_arguments(p)  # --draft, --num-draft-tokens
     p.set_defaults(func=guarded("attnlab sample", run_sample))
 
 
@@ -33,7 +35,6 @@ def run_sample(args: argparse.Namespace) -> int:
     """Print the prompt and its continuation."""
     import attnlab
     from attnlab.cli.generate import resolve
-    from attnlab.generation import generate
 
     if not args.greedy and args.temperature is None and args.num_beams == 1:
         args.temperature = 0.8  # sampling by default
@@ -44,11 +45,12 @@ def run_sample(args: argparse.Namespace) -> int:
     model = attnlab.from_pretrained(directory)
     if not isinstance(model, attnlab.GPT):
         fail(f"{args.run} holds a {type(model).__name__}, not a language model (GPT)")
+    draft = load_draft(args, model, tokenizer, config, "cpu")  # --draft (speculative decoding)
     prompt = tokenizer.encode(args.prompt)
     if not prompt:
         fail("--prompt is empty: give at least one character to continue")
     try:
-        out = generate(model, [prompt], config, generator=generator)
+        out = decode(model, [prompt], config, generator, args, draft)
     except ContextLengthError as e:
         fail(context_message(e))
     print(args.prompt + tokenizer.decode(out[0].tolist()))

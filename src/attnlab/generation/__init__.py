@@ -5,6 +5,9 @@
   ``torch.Generator``), EOS ids, batched prompts of different lengths (left padding);
 - :func:`beam_search`: §6.1's beam search with GNMT's length penalty, batched, with
   ``num_return_sequences``;
+- speculative decoding (``draft_model=``, :func:`speculative_generate`): a small draft proposes
+  ``k`` tokens, the target verifies them in one forward, both KV caches roll back; greedy
+  tokens are the target's, sampling keeps the target's distribution (the rejection rule);
 - :class:`GenerationConfig`: every option of a call, validated once (also passed as keyword
   arguments); the ``context`` policy for sequences longer than the model's context.
 """
@@ -29,6 +32,13 @@ from attnlab.generation.processors import (
     build_processors,
 )
 from attnlab.generation.prompts import Prompts, pack_prompts
+from attnlab.generation.speculative import (
+    SpeculativeOutput,
+    SpeculativeStats,
+    SpeculativeStream,
+    speculative_generate,
+    speculative_stream,
+)
 
 __all__ = [
     "LENGTH_NORMS",
@@ -40,6 +50,9 @@ __all__ = [
     "LogitsProcessorList",
     "MinP",
     "Prompts",
+    "SpeculativeOutput",
+    "SpeculativeStats",
+    "SpeculativeStream",
     "StepOutput",
     "Temperature",
     "TopK",
@@ -50,5 +63,7 @@ __all__ = [
     "gnmt_length_penalty",
     "pack_prompts",
     "power_length_penalty",
+    "speculative_generate",
+    "speculative_stream",
     "stream",
 ]

@@ -22,7 +22,6 @@ V vocabulary.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,29 +38,20 @@ from attnlab.generation.processors import (
 from attnlab.generation.prompts import PromptInput
 from attnlab.generation.request import (
     GenerationRequest,
+    StepOutput,
     eval_mode,
     open_session,
     prepare_request,
     repeat_index,
 )
+from attnlab.generation.speculative import (
+    DEFAULT_DRAFT_TOKENS,
+    speculative_generate,
+    speculative_stream,
+)
 from attnlab.models.gpt import GPT
 from attnlab.models.transformer import EncoderDecoderTransformer
 from attnlab.transforms.decode_weights import decode_layout
-
-
-@dataclass(frozen=True)
-class StepOutput:
-    """One decoding step of :func:`stream`.
-
-    Attributes:
-        tokens: ``(B·R,)`` the new token of each row (``pad_id`` once a row has finished).
-        logits: ``(B·R, V)`` the model's logits for this step, before any processor.
-        finished: ``(B·R,)`` bool, rows that have produced an EOS (this step included).
-    """
-
-    tokens: Tensor
-    logits: Tensor
-    finished: Tensor
 
 
 def stream(
@@ -72,18 +62,28 @@ def stream(
     attention_mask: Tensor | None = None,
     processors: Iterable[LogitsProcessor] = (),
     generator: torch.Generator | None = None,
+    draft_model: nn.Module | None = None,
+    num_draft_tokens: int | None = None,
     **options: Any,
 ) -> Iterator[StepOutput]:
     """Greedy or sampled decoding, one :class:`StepOutput` per generated token.
 
     Arguments are checked at the call (not at the first ``next``); see :func:`generate` for
     them (beam search does not stream). The model stays in eval mode until the iterator is
-    exhausted or closed.
+    exhausted or closed. With a ``draft_model`` the iterator is a
+    :class:`~attnlab.generation.speculative.SpeculativeStream` (its ``stats`` the acceptance
+    statistics), and tokens come in bursts, one per verification round.
 
     Raises:
         ValueError: as :func:`generate`, and for ``num_beams > 1``.
     """
     cfg = resolve_config(config, options)
+    if draft_model is not None or num_draft_tokens is not None:
+        return speculative_stream(
+            model, _draft(draft_model, num_draft_tokens), input_ids, cfg,
+            num_draft_tokens=_k(num_draft_tokens),
+            attention_mask=attention_mask, processors=processors, generator=generator,
+        )  # fmt: skip
     if cfg.num_beams > 1:
         raise ValueError("beam search does not stream: use generate() or beam_search()")
     request = prepare_request(model, input_ids, cfg, attention_mask=attention_mask)
@@ -141,6 +141,8 @@ def generate(
     attention_mask: Tensor | None = None,
     processors: Iterable[LogitsProcessor] = (),
     generator: torch.Generator | None = None,
+    draft_model: nn.Module | None = None,
+    num_draft_tokens: int | None = None,
     **options: Any,
 ) -> Tensor:
     """Generate up to ``max_new_tokens`` tokens after each prompt (or for each source).
@@ -156,6 +158,11 @@ def generate(
             padding layout; default: all real for GPT, ``ids != pad_id`` for sources).
         processors: extra logits processors, applied after the built-in ones (also greedy).
         generator: a seeded ``torch.Generator`` for reproducible sampling.
+        draft_model: a smaller GPT on the same vocabulary for speculative decoding
+            (:mod:`attnlab.generation.speculative`): the same tokens (greedy) or the same
+            distribution (sampling), fewer target forwards; its acceptance statistics are
+            logged at INFO level (``speculative_generate`` returns them).
+        num_draft_tokens: ``k``, the draft's proposals per target forward (default 4).
         options: :class:`~attnlab.generation.GenerationConfig` fields overriding ``config``
             (``max_new_tokens``, ``do_sample``, ``temperature``, ``top_k``, ``top_p``,
             ``min_p``, ``num_beams``, ``length_penalty``, ``length_norm``,
@@ -169,11 +176,18 @@ def generate(
     Raises:
         TypeError: for a model that cannot generate, or an option of the wrong type.
         ValueError: for empty prompts, ids outside the vocabulary, an unknown option, and the
-            option errors of :class:`~attnlab.generation.GenerationConfig`.
+            option errors of :class:`~attnlab.generation.GenerationConfig`; with a draft, for
+            different vocabularies, a bad ``num_draft_tokens``, beam search or no cache.
         ContextLengthError: (a ``ValueError``) when the prompt or the new tokens do not fit
             the context under the ``context`` policy.
     """
     cfg = resolve_config(config, options)
+    if draft_model is not None or num_draft_tokens is not None:
+        return speculative_generate(
+            model, _draft(draft_model, num_draft_tokens), input_ids, cfg,
+            num_draft_tokens=_k(num_draft_tokens),
+            attention_mask=attention_mask, processors=processors, generator=generator,
+        ).sequences  # fmt: skip
     if cfg.num_beams > 1:
         return beam_search(
             model, input_ids, cfg, attention_mask=attention_mask, processors=processors
@@ -183,6 +197,17 @@ def generate(
         generator=generator,
     )  # fmt: skip
     return torch.stack([step.tokens for step in steps], dim=1)  # (B·R, N)
+
+
+def _draft(draft_model: nn.Module | None, num_draft_tokens: int | None) -> nn.Module:
+    """The draft model, refusing ``num_draft_tokens`` without one."""
+    if draft_model is None:
+        raise ValueError(f"num_draft_tokens={num_draft_tokens!r} needs a draft_model to propose")
+    return draft_model
+
+
+def _k(num_draft_tokens: int | None) -> int:
+    return DEFAULT_DRAFT_TOKENS if num_draft_tokens is None else num_draft_tokens
 
 
 def _generate_method(

@@ -1,9 +1,9 @@
-"""Checks and defaults shared by every decoding loop (greedy, sampling, beam search).
+"""Checks and defaults shared by every decoding loop (greedy, sampling, beam search, speculative).
 
 :func:`prepare_request` validates the model kind, packs the prompts, resolves EOS/padding ids
 from the config, and checks the context length; :func:`open_session` builds the matching
 :mod:`~attnlab.generation.session`; :func:`eval_mode` runs the model in eval mode and restores
-its previous mode.
+its previous mode; :class:`StepOutput` is what the streaming loops yield per token.
 
 Context length: ``config.max_seq_len``. A decoder-only prompt plus its new tokens fit when
 ``P + max_new_tokens <= max_seq_len``; for an encoder-decoder model the source and the new tokens
@@ -28,6 +28,21 @@ from attnlab.models.gpt import GPT
 from attnlab.models.transformer import EncoderDecoderTransformer
 
 GenerativeModel = GPT | EncoderDecoderTransformer
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One decoding step of :func:`stream`.
+
+    Attributes:
+        tokens: ``(B·R,)`` the new token of each row (``pad_id`` once a row has finished).
+        logits: ``(B·R, V)`` the model's logits for this step, before any processor.
+        finished: ``(B·R,)`` bool, rows that have produced an EOS (this step included).
+    """
+
+    tokens: Tensor
+    logits: Tensor
+    finished: Tensor
 
 
 @dataclass(frozen=True)
@@ -207,6 +222,7 @@ def repeat_index(batch: int, n: int, device: torch.device) -> Tensor:
 __all__ = [
     "GenerationRequest",
     "GenerativeModel",
+    "StepOutput",
     "eval_mode",
     "open_session",
     "prepare_request",

@@ -7,6 +7,12 @@ constant however long the sequence grows; cross-attention caches hold the encode
 keys/values, computed once and reused at every step. Keys are cached *after* RoPE, so cached
 positions never need re-rotating. With grouped-query attention the cache stores the ``H_kv`` heads.
 
+:meth:`LayerKVCache.truncate` rolls a cache back to an earlier length (speculative decoding
+discards the keys of rejected draft tokens). A windowed cache can only step back as far as the
+keys it kept: built with ``rollback=r`` it keeps ``r`` keys more than its window needs, so any
+truncation by at most ``r`` positions (since the last update) works; the extra keys lie outside
+the window and the attention's band masks them out.
+
 Shapes: B batch, H_kv key/value heads, L max_len, S cached length, D head dim.
 """
 
@@ -22,17 +28,23 @@ class LayerKVCache:
     Args:
         max_len: most positions the layer will ever see (absolute positions stay below it).
         window: the layer's causal sliding window ``w``; the cache then keeps only the last
-            ``w - 1`` keys/values (``None``: keep everything).
+            ``w - 1 + rollback`` keys/values (``None``: keep everything).
+        rollback: how many positions a windowed cache must be able to :meth:`truncate` away
+            (extra keys it keeps); a cache without a window can always truncate.
     """
 
-    def __init__(self, max_len: int, window: int | None = None) -> None:
+    def __init__(self, max_len: int, window: int | None = None, rollback: int = 0) -> None:
         if max_len <= 0:
             raise ValueError(f"max_len must be positive, got {max_len}")
         if window is not None and window < 1:
             raise ValueError(f"window must be positive, got {window}")
+        if isinstance(rollback, bool) or not isinstance(rollback, int) or rollback < 0:
+            raise ValueError(f"rollback must be a non-negative integer, got {rollback!r}")
         self.max_len = max_len
         self.window = window
+        self.rollback = rollback
         self.length = 0  # tokens seen so far (absolute), also with a window
+        self._start = 0  # absolute position of the first kept key (windowed caches)
         self.k: Tensor | None = None  # (B, H_kv, L, D)
         self.v: Tensor | None = None  # (B, H_kv, L, D)
 
@@ -76,10 +88,44 @@ class LayerKVCache:
         if self.k is not None and self.v is not None:
             k = torch.cat((self.k, k), dim=2)  # (B, H_kv, kept + T, D)
             v = torch.cat((self.v, v), dim=2)
-        keep = min(int(self.window or 1) - 1, k.shape[2])
+        keep = min(int(self.window or 1) - 1 + self.rollback, k.shape[2])
         self.k, self.v = k[:, :, k.shape[2] - keep :], v[:, :, v.shape[2] - keep :]
         self.length += T
+        self._start = self.length - keep
         return k, v
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from ``length`` on, as if only ``length`` tokens had been fed.
+
+        The preallocated buffer is kept (later updates overwrite the forgotten part); a windowed
+        cache drops its keys past ``length``.
+
+        Raises:
+            ValueError: if ``length`` is negative or beyond what the cache holds, or a windowed
+                cache no longer holds the keys a query at ``length`` would see (build it with a
+                larger ``rollback``).
+        """
+        if isinstance(length, bool) or not isinstance(length, int):
+            raise ValueError(f"length must be an integer, got {length!r}")
+        if not 0 <= length <= self.length:
+            raise ValueError(
+                f"cannot truncate to {length}: the cache holds {self.length} positions"
+            )
+        if length == 0:  # forgetting everything always works
+            if self.window is not None:
+                self.k = self.v = None
+                self._start = 0
+        elif self.window is not None and self.k is not None and self.v is not None:
+            needed = max(0, length - (self.window - 1))  # first key a query at `length` sees
+            if needed < self._start:
+                raise ValueError(
+                    f"cannot truncate a window-{self.window} cache from {self.length} to {length}: "
+                    f"it kept keys from position {self._start} only (rollback={self.rollback}; "
+                    f"needs rollback >= {self.length - length})"
+                )
+            self.k = self.k[:, :, : length - self._start]
+            self.v = self.v[:, :, : length - self._start]
+        self.length = length
 
     def key_positions(self, T: int, device: torch.device | str | None = None) -> Tensor:
         """Absolute positions of the keys that :meth:`update` with ``T`` new tokens returns.
@@ -92,9 +138,7 @@ class LayerKVCache:
     @property
     def key_start(self) -> int:
         """Absolute position of the first key the next :meth:`update` returns."""
-        if self.window is None:
-            return 0
-        return max(0, self.length - (self.window - 1))
+        return 0 if self.window is None else self._start
 
     def reorder(self, index: Tensor) -> None:
         """Select batch rows (beam search). index ``(B',)`` int.
@@ -143,6 +187,7 @@ class KVCache:
         max_len: maximum number of positions the self-attention caches hold.
         cross_attention: also keep a :class:`CrossKVCache` per layer (encoder-decoder models).
         windows: per-layer causal sliding windows (``None`` entries keep everything).
+        rollback: positions every windowed layer must be able to :meth:`truncate` away.
     """
 
     def __init__(
@@ -152,11 +197,12 @@ class KVCache:
         *,
         cross_attention: bool = False,
         windows: list[int | None] | None = None,
+        rollback: int = 0,
     ) -> None:
         if windows is not None and len(windows) != n_layers:
             raise ValueError(f"windows has {len(windows)} entries for {n_layers} layers")
         ws = windows or [None] * n_layers
-        self.self_attn = [LayerKVCache(max_len, w) for w in ws]
+        self.self_attn = [LayerKVCache(max_len, w, rollback) for w in ws]
         self.cross_attn = [CrossKVCache() for _ in range(n_layers)] if cross_attention else None
         self.max_len = max_len
 
@@ -171,6 +217,16 @@ class KVCache:
             c.reorder(index)
         for cc in self.cross_attn or []:
             cc.reorder(index)
+
+    def truncate(self, length: int) -> None:
+        """Roll every self-attention layer back to ``length`` positions (cross-attention caches
+        hold the encoder memory and stay); see :meth:`LayerKVCache.truncate`.
+
+        Raises:
+            ValueError: as :meth:`LayerKVCache.truncate`.
+        """
+        for c in self.self_attn:
+            c.truncate(length)
 
     def layer(self, i: int) -> tuple[LayerKVCache, CrossKVCache | None]:
         """The self- and cross-attention caches of layer ``i``."""

@@ -203,12 +203,13 @@ class GPT(nn.Module):
             loss = token_loss(logits, targets, ids, ignore_index=self.config.ignore_index)
         return logits, loss
 
-    def new_cache(self, max_len: int | None = None) -> KVCache:
+    def new_cache(self, max_len: int | None = None, *, rollback: int = 0) -> KVCache:
         """An empty :class:`KVCache` for up to ``max_len`` tokens (default ``max_seq_len``);
-        sliding-window layers keep only their window."""
+        sliding-window layers keep only their window (and ``rollback`` keys more, so the cache
+        can be truncated by that many positions: speculative decoding)."""
         c = self.config
         windows = [layer_window(c, i) for i in range(c.n_layers)]
-        return KVCache(c.n_layers, max_len or c.max_seq_len, windows=windows)
+        return KVCache(c.n_layers, max_len or c.max_seq_len, windows=windows, rollback=rollback)
 
 
 def _gpt2(d_model: int, n_layers: int, n_heads: int, max_seq_len: int = 1024) -> GPTConfig:
