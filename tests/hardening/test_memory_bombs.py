@@ -46,7 +46,10 @@ for directory in sys.argv[1:]:
         outcome = "loaded"
     seconds = time.perf_counter() - start
     print(json.dumps({"dir": directory, "outcome": outcome, "seconds": seconds}))
-print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+# VmHWM: this process image's peak (ru_maxrss would carry the forking parent's peak over exec)
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")]
+peak = int(hwm[0].split()[1]) if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"peak_rss_mb": peak / 1024}))
 """
 
 

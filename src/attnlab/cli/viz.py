@@ -21,7 +21,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from attnlab.cli.common import check_writable, guarded
+from attnlab.cli.common import check_writable, fail, guarded
 from attnlab.viz._mpl import DPI, save_figure
 
 COMMANDS = ("attention", "positional", "masks", "schedule", "curves", "bench", "confusion")
@@ -135,10 +135,22 @@ def _ranking(
     print(f"wrote {save_figure(fig, _suffixed(out, 'heads'), dpi=args.dpi)}  (head ranking)")
 
 
+def _at_most(**limits: tuple[int | list[int] | None, int]) -> None:
+    """Refuse picture sizes nobody can see (and that would not fit in memory): each
+    ``name=(value, most)``, value an int, a list of ints or None (not given)."""
+    for name, (value, most) in limits.items():
+        for v in value if isinstance(value, list) else [value]:
+            if v is not None and v > most:
+                fail(f"--{name.replace('_', '-')} {v} is more than a picture can show "
+                     f"(at most {most:,})")  # fmt: skip
+
+
 def _positional(args: argparse.Namespace) -> int:
     """``attnlab viz positional``: sinusoidal / learned / RoPE / ALiBi pictures."""
     from attnlab.viz.positional import plot_positional
 
+    _at_most(d_model=(args.d_model, 8192), max_len=(args.max_len, 16384),
+             n_heads=(args.n_heads, 1024), d_head=(args.d_head, 8192))  # fmt: skip
     out = args.out or f"positional_{args.kind}.png"
     check_writable(out, what="--out")
     model = None
@@ -163,6 +175,8 @@ def _masks(args: argparse.Namespace) -> int:
     """``attnlab viz masks``: causal, padding, sliding window, combined (and cached) masks."""
     from attnlab.viz.masks import plot_masks
 
+    _at_most(seq_len=(args.seq_len, 1024), length=(args.length, 1024),
+             window=(args.window, 1024), query_len=(args.query_len, 1024))  # fmt: skip
     check_writable(args.out, what="--out")
     fig = plot_masks(
         [k.strip() for k in args.kinds.split(",") if k.strip()],
@@ -180,6 +194,7 @@ def _schedule(args: argparse.Namespace) -> int:
     """``attnlab viz schedule``: the learning-rate curve(s)."""
     from attnlab.viz.schedule import plot_schedule
 
+    _at_most(steps=(args.steps, 10**7), total_steps=(args.total_steps, 10**7))
     out = args.out or f"schedule_{args.kind}.png"
     check_writable(out, what="--out")
     fig = plot_schedule(

@@ -54,16 +54,16 @@ class TokenEmbedding(nn.Module):
         """ids ``(B, T)`` int -> ``(B, T, E)``.
 
         Raises:
-            ValueError: for a non-integer tensor, ids outside ``[0, V)``, or ids on another
-                device than the weights.
+            ValueError: for a non-integer tensor, ids outside ``[0, V)``, or meta ids for
+                real weights.
         """
         if ids.is_floating_point() or ids.dtype == torch.bool:
             raise ValueError(f"token ids must be an integer tensor, got dtype {ids.dtype}")
-        if ids.device != self.weight.device:
+        if ids.device.type == "meta" and self.weight.device.type != "meta":
+            # a meta model takes ids anywhere (shapes only); real weights need real ids
             raise ValueError(
-                f"token ids are on {ids.device} but the embedding is on {self.weight.device}"
-                + (" (a meta tensor has shapes, no values)" if ids.device.type == "meta" else "")
-                + ": move them to one device"
+                f"token ids are on the meta device (shapes, no values) but the embedding is on "
+                f"{self.weight.device}: move them to one device"
             )
         if ids.numel() and ids.device.type != "meta":
             lo, hi = int(ids.min()), int(ids.max())
