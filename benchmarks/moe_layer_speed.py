@@ -198,8 +198,9 @@ def trainer_steps(args: argparse.Namespace) -> dict[str, Any]:
     for name, extra in rows.items():
         p = prepare("shakespeare-char", {**size, **extra})
         trainers[name] = (Trainer(p.model, p.objective, p.train), p)
-    for trainer, _ in trainers.values():  # warm-up
-        trainer.train_step()
+    for trainer, _ in trainers.values():  # the first steps of a process are slow (~1.4 s
+        for _ in range(args.train_warmup):  # each, seen here), whatever the model
+            trainer.train_step()
     times: dict[str, list[float]] = {n: [] for n in trainers}
     names = list(trainers)
     for r in range(args.train_steps):
@@ -257,7 +258,8 @@ def markdown(res: dict[str, Any]) -> str:
         "",
         "## Whole training steps (Trainer.train_step, shakespeare-char recipe)",
         "",
-        f"Median of {a['train_steps']} interleaved steps after one warm-up.",
+        f"Median of {a['train_steps']} interleaved steps after {a['train_warmup']} warm-up "
+        "steps each.",
         "",
         "| model | params | ms per step | tokens/s | vs dense |",
         "|---|---:|---:|---:|---:|",
@@ -279,11 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-k", type=int, default=2)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--train-steps", type=int, default=20, help="timed Trainer steps per model")
+    p.add_argument("--train-warmup", type=int, default=5, help="untimed Trainer steps per model")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, to check the script runs")
     args = p.parse_args(argv)
     if args.smoke:
         args.tokens, args.d_model, args.d_ff, args.repeats, args.train_steps = 64, 32, 48, 2, 2
+        args.train_warmup = 1
     if args.threads:
         torch.set_num_threads(args.threads)
     impls, modules = build(args)
