@@ -25,6 +25,7 @@ from attnlab.cli import main
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
+    pytest.mark.slow,  # a torchrun launch: ~20 s on 2 cores
     pytest.mark.skipif(
         not (dist.is_available() and dist.is_gloo_available()),
         reason="this PyTorch build has no torch.distributed with the gloo backend",

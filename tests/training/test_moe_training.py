@@ -63,7 +63,7 @@ def test_aux_loss_is_trained_on_weighted_per_micro_batch_and_not_validated() -> 
         aux = collect_moe_stats(reference).loss
         aux_terms.append(float(aux.detach()) * y.numel() / total)
         (ce / total + aux * (y.numel() / total)).backward()
-        loss_sum += float(ce) / total
+        loss_sum += float(ce.detach()) / total
     loss, _, _ = trainer.train_step()
     assert loss == pytest.approx(loss_sum, rel=1e-6)  # the logged loss is the task's
     assert trainer.last_aux_loss == pytest.approx(sum(aux_terms), rel=1e-6)
