@@ -107,9 +107,9 @@ def test_failed_config_write_keeps_the_old_checkpoint(
 def test_unknown_config_key_is_rejected(tmp_path: Path) -> None:
     save_pretrained(_model(), tmp_path)
     data = json.loads((tmp_path / CONFIG_NAME).read_text())
-    data["n_experts"] = 8
+    data["n_wizards"] = 8  # (n_experts, the example of attnlab 0.1, is a field since issue 23)
     (tmp_path / CONFIG_NAME).write_text(json.dumps(data))
-    with pytest.raises(ValueError, match="n_experts"):
+    with pytest.raises(ValueError, match="n_wizards"):
         load_attnlab(tmp_path)
 
 

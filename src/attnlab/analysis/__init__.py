@@ -2,6 +2,7 @@
 
 - :mod:`~attnlab.analysis.params`: parameter counts and the per-component breakdown;
 - :mod:`~attnlab.analysis.flops`: forward/backward FLOPs per component (2·m·k·p per matmul);
+- :mod:`~attnlab.analysis.moe`: total vs active parameters and FLOPs of mixture-of-experts models;
 - :mod:`~attnlab.analysis.scaling`: the 6·N·tokens rule, crossover lengths, length sweeps;
 - :mod:`~attnlab.analysis.memory`: weights, gradients, Adam state, activations, KV cache;
 - :mod:`~attnlab.analysis.measure`: ``FlopCounterMode`` counts, saved-activation bytes, step
@@ -18,6 +19,7 @@ from attnlab.analysis.memory import (
     kv_cache_bytes_per_token,
     training_memory,
 )
+from attnlab.analysis.moe import active_params, moe_summary
 from attnlab.analysis.params import ParamBreakdown, count_params, param_breakdown
 from attnlab.analysis.report import Analysis, analyze
 from attnlab.analysis.scaling import approximations, crossover, sweep_seq_len
@@ -28,6 +30,7 @@ __all__ = [
     "FlopBreakdown",
     "ParamBreakdown",
     "activation_bytes",
+    "active_params",
     "analyze",
     "approximations",
     "attention_block_flops",
@@ -40,6 +43,7 @@ __all__ = [
     "kv_cache_bytes_per_token",
     "measure_flops",
     "mfu",
+    "moe_summary",
     "param_breakdown",
     "sweep_seq_len",
     "training_memory",

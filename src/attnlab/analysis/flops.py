@@ -15,6 +15,9 @@ Backward: each product costs two products of the same size (the gradients of bot
 twice the forward, except where an operand needs no gradient (the images entering ViT's patch
 projection: only the weight gradient, once the forward).
 
+Mixture-of-experts FFNs (:func:`ffn_stack_terms`): the router, and the k chosen experts per
+token (the *active* FLOPs; dropless dispatch runs exactly the ``N·k`` assignments).
+
 The causal mask does not halve the attention terms here: attnlab's math path (like SDPA's math
 fallback) computes every score and masks afterwards.
 
@@ -30,6 +33,7 @@ from typing import Any
 
 from attnlab.layers.feedforward import GATED
 from attnlab.models.bert import BERTConfig
+from attnlab.models.common import moe_layer_indices
 from attnlab.models.gpt import GPTConfig
 from attnlab.models.transformer import TransformerConfig
 from attnlab.models.vit import ViTConfig
@@ -215,15 +219,33 @@ def _stack_terms(
         )
         terms += cross
         softmax += cross_softmax
-    terms += ffn_terms(
-        f"{prefix}.ffn",
-        tokens=batch * n,
-        d_model=c.d_model,
-        d_ff=c.d_ff,
-        activation=c.activation,
-        count=n_layers,
-    )
+    terms += ffn_stack_terms(f"{prefix}.ffn", c, tokens=batch * n, n_layers=n_layers)
     return terms, softmax
+
+
+def ffn_stack_terms(prefix: str, c: Any, *, tokens: int, n_layers: int) -> list[MatmulTerm]:
+    """The FFN products of a stack: dense layers on the N = ``tokens`` rows; each MoE layer's
+    router ``(N x E)·(E x n_experts)``, its experts on the ``N·top_k`` (token, slot) rows that
+    dropless dispatch runs (a capacity factor drops some: then this is an upper bound), its
+    shared experts on N rows and their gate ``(N x E)·(E x 1)``."""
+    moe = moe_layer_indices(c, n_layers) if getattr(c, "n_experts", 0) else ()
+    kw: dict[str, Any] = dict(d_model=c.d_model, activation=c.activation)
+    terms = []
+    if n_layers > len(moe):
+        terms += ffn_terms(prefix, tokens=tokens, d_ff=c.d_ff, count=n_layers - len(moe), **kw)
+    if not moe:
+        return terms
+    n_moe, width = len(moe), c.moe_d_ff or c.d_ff
+    terms.append(MatmulTerm(f"{prefix}.router", tokens, c.d_model, c.n_experts, n_moe))
+    terms += ffn_terms(prefix, tokens=tokens * c.top_k, d_ff=width, count=n_moe, **kw)
+    if c.n_shared_experts:
+        shared = c.n_shared_experts * (c.shared_expert_d_ff or width)
+        for t in ffn_terms(prefix, tokens=tokens, d_ff=shared, count=n_moe, **kw):
+            leaf = t.name.rsplit(".", 1)[-1]
+            terms.append(MatmulTerm(f"{prefix}.shared_{leaf}", t.m, t.k, t.p, t.count))
+        if c.shared_expert_gate:
+            terms.append(MatmulTerm(f"{prefix}.shared_expert_gate", tokens, c.d_model, 1, n_moe))
+    return terms
 
 
 # -- whole models --------------------------------------------------------------------------------
@@ -375,6 +397,7 @@ __all__ = [
     "attention_terms",
     "check_length",
     "default_seq_len",
+    "ffn_stack_terms",
     "ffn_terms",
     "flop_formula",
     "forward_flops",

@@ -5,7 +5,9 @@ one parameter, counted once). On a config it evaluates the closed form registere
 class in :data:`PARAM_FORMULAS`, so a 175B-parameter model is counted without building it.
 :func:`param_breakdown` is that closed form per component (token/position tables, attention,
 FFN and norms summed over each stack's layers, heads), built from the per-layer counts below,
-which mirror the modules in :mod:`attnlab.layers`; the totals are its sums. Tests keep the closed
+which mirror the modules in :mod:`attnlab.layers` (mixture-of-experts FFNs included: router,
+every expert, shared experts; :mod:`attnlab.analysis.moe` has the active count); the totals are
+its sums. Tests keep the closed
 form and the built modules in agreement for every preset.
 
 ``exclude_embeddings`` drops the lookup tables (token, segment and learned position embeddings),
@@ -27,6 +29,7 @@ from attnlab.layers.feedforward import GATED
 from attnlab.layers.positional import LearnedPositionalEmbedding
 from attnlab.models.bert import BERTConfig
 from attnlab.models.cct import CCTConfig
+from attnlab.models.common import moe_layer_indices
 from attnlab.models.gpt import GPTConfig
 from attnlab.models.resnet import ResNetConfig
 from attnlab.models.transformer import TransformerConfig
@@ -52,11 +55,16 @@ def norm_params(d_model: int, norm: str = "layernorm", bias: bool = True) -> int
     return d_model * (2 if norm == "layernorm" and bias else 1)
 
 
-def attention_params(d_model: int, n_heads: int, n_kv_heads: int | None, bias: bool) -> int:
-    """:class:`~attnlab.layers.multihead.MultiHeadAttention`: q, k, v and out projections."""
+def attention_params(
+    d_model: int, n_heads: int, n_kv_heads: int | None, bias: bool, qkv_bias: bool | None = None
+) -> int:
+    """:class:`~attnlab.layers.multihead.MultiHeadAttention`: q, k, v and out projections
+    (``qkv_bias``: biases on q/k/v only, ``None``: as ``bias``)."""
     d_head = d_model // n_heads
     kv = (n_kv_heads or n_heads) * d_head
-    return 2 * linear_params(d_model, d_model, bias) + 2 * linear_params(d_model, kv, bias)
+    in_bias = bias if qkv_bias is None else qkv_bias
+    return (linear_params(d_model, d_model, in_bias) + 2 * linear_params(d_model, kv, in_bias)
+            + linear_params(d_model, d_model, bias))  # fmt: skip
 
 
 def ffn_params(d_model: int, d_ff: int, activation: str, bias: bool) -> int:
@@ -65,9 +73,39 @@ def ffn_params(d_model: int, d_ff: int, activation: str, bias: bool) -> int:
     return n_in * linear_params(d_model, d_ff, bias) + linear_params(d_ff, d_model, bias)
 
 
+def expert_params(c: Any) -> int:
+    """One routed expert of an MoE layer (an FFN of ``moe_d_ff``, default ``d_ff``)."""
+    return ffn_params(c.d_model, c.moe_d_ff or c.d_ff, c.activation, c.bias)
+
+
+def moe_layer_params(c: Any) -> int:
+    """One :class:`~attnlab.layers.moe.MoEFeedForward`: router ``D·E`` + E experts + the
+    shared experts (one FFN of ``n_shared · F_s``) + their gate ``D``."""
+    total = c.d_model * c.n_experts + c.n_experts * expert_params(c)
+    if c.n_shared_experts:
+        width = c.n_shared_experts * (c.shared_expert_d_ff or c.moe_d_ff or c.d_ff)
+        total += ffn_params(c.d_model, width, c.activation, c.bias)
+        total += c.d_model if c.shared_expert_gate else 0
+    return total
+
+
+def ffn_stack_params(c: Any, n_layers: int) -> int:
+    """The FFNs of a stack of ``n_layers`` layers: dense ones and MoE ones
+    (:func:`~attnlab.models.common.is_moe_layer`)."""
+    n_moe = len(moe_layer_indices(c, n_layers)) if getattr(c, "n_experts", 0) else 0
+    dense = ffn_params(c.d_model, c.d_ff, c.activation, c.bias)
+    return (n_layers - n_moe) * dense + (n_moe * moe_layer_params(c) if n_moe else 0)
+
+
+def _attention(c: Any) -> int:
+    qkv_bias = getattr(c, "qkv_bias", None)
+    return attention_params(c.d_model, c.n_heads, c.n_kv_heads, c.bias, qkv_bias)
+
+
 def layer_params(c: Any, *, cross_attention: bool = False) -> int:
-    """One encoder layer, or decoder layer with ``cross_attention``, from a config's sizes."""
-    attn = attention_params(c.d_model, c.n_heads, c.n_kv_heads, c.bias)
+    """One (dense) encoder layer, or decoder layer with ``cross_attention``, from a config's
+    sizes."""
+    attn = _attention(c)
     norm = norm_params(c.d_model, c.norm, c.bias)
     n_attn = 2 if cross_attention else 1
     return n_attn * (attn + norm) + ffn_params(c.d_model, c.d_ff, c.activation, c.bias) + norm
@@ -168,12 +206,12 @@ def component_group(name: str) -> str:
 
 def _stack(prefix: str, c: Any, n_layers: int, *, cross_attention: bool = False) -> dict[str, int]:
     """Attention / FFN / norm parameters of ``n_layers`` layers named ``prefix.*``."""
-    attn = attention_params(c.d_model, c.n_heads, c.n_kv_heads, c.bias)
+    attn = _attention(c)
     norm = norm_params(c.d_model, c.norm, c.bias)
     out = {f"{prefix}.self_attn": n_layers * attn}
     if cross_attention:
         out[f"{prefix}.cross_attn"] = n_layers * attn
-    out[f"{prefix}.ffn"] = n_layers * ffn_params(c.d_model, c.d_ff, c.activation, c.bias)
+    out[f"{prefix}.ffn"] = ffn_stack_params(c, n_layers)
     out[f"{prefix}.norms"] = n_layers * norm * (3 if cross_attention else 2)
     return out
 
@@ -365,9 +403,12 @@ __all__ = [
     "attention_params",
     "component_group",
     "count_params",
+    "expert_params",
     "ffn_params",
+    "ffn_stack_params",
     "layer_params",
     "linear_params",
+    "moe_layer_params",
     "norm_params",
     "param_breakdown",
 ]

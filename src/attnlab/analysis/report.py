@@ -28,6 +28,7 @@ from attnlab.analysis.memory import (
     kv_cache_bytes_per_token,
     training_memory,
 )
+from attnlab.analysis.moe import MoESummary, moe_summary
 from attnlab.analysis.params import ParamBreakdown, count_params, param_breakdown
 from attnlab.analysis.scaling import Approximation, Crossover, approximations, crossover
 from attnlab.config import config_to_dict
@@ -52,6 +53,7 @@ class Analysis:
     dtype: str
     kv_cache: dict[str, int | None] | None
     notes: list[str] = field(default_factory=list)
+    moe: MoESummary | None = None  # mixture-of-experts models: total vs active
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (plain ints/floats/strings)."""
@@ -104,6 +106,7 @@ class Analysis:
                 "activations_detail": self.activations,
             },
             "kv_cache": self.kv_cache,
+            "moe": dataclasses.asdict(self.moe) if self.moe is not None else None,
             "notes": self.notes,
         }
 
@@ -167,6 +170,7 @@ def analyze(
         dtype=dtype if isinstance(dtype, str) else f"{dtype_bytes(dtype)} bytes",
         kv_cache=kv,
         notes=_notes(config, n, measured, params.total),
+        moe=moe_summary(config, n),
     )
 
 
@@ -182,6 +186,11 @@ def _notes(config: Any, n: int, measured: int | None, closed_form: int) -> list[
         notes.append("tokens = target tokens (B·T) for the per-token and 6·N·tokens figures")
     if isinstance(config, ViTConfig) and n != config.max_seq_len:
         notes.append(f"seq_len={n} means {n - 1} patches, another image size than the config's")
+    if getattr(config, "n_experts", 0):
+        notes.append(
+            "MoE: parameters and weight memory count every expert; FLOPs count the k active "
+            "experts per token; the activation figures and crossovers assume a dense FFN of d_ff"
+        )
     if measured is not None and measured != closed_form:
         notes.append(f"the built model has {measured} parameters, the closed form {closed_form}")
     return notes

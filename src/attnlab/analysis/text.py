@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from attnlab.analysis.flops import FLOP_GROUPS
+from attnlab.analysis.moe import format_moe
 from attnlab.analysis.report import Analysis
 
 
@@ -111,7 +112,8 @@ def _memory_lines(a: Analysis) -> list[str]:
 
 
 def format_report(a: Analysis) -> str:
-    """The readable table of an :class:`Analysis`: parameters, FLOPs, memory, notes."""
+    """The readable table of an :class:`Analysis`: parameters, FLOPs, memory, the MoE section
+    (total vs active), notes."""
     f = a.flops
     src = f", src_len={f.src_len}" if f.src_len is not None else ""
     lines = [
@@ -124,6 +126,9 @@ def format_report(a: Analysis) -> str:
         "",
         *_memory_lines(a),
     ]
+    if a.moe is not None:
+        w = a.memory.weights
+        lines += ["", *format_moe(a.moe, human_bytes(w), human_bytes(w * a.moe.active_fraction))]
     if a.notes:
         lines.append("")
         lines.extend(f"note: {n}" for n in a.notes)

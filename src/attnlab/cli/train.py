@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from attnlab.analysis.memory_check import IGNORE_FLAG, check_training_fits
+from attnlab.analysis.moe import active_params
 from attnlab.cli.common import fail, guarded
 from attnlab.cli.overrides import flag_message, help_table, key_types, parse_overrides
 from attnlab.config import config_to_dict, field_hints
@@ -189,10 +190,14 @@ def _print_header(prepared: Prepared, run: RunDir, ctx: Any, resume: bool) -> No
         torch.cuda.is_available()
     ) else "CUDA"  # fmt: skip
     what = "resuming" if resume else "training"
+    active = ""
+    if getattr(prepared.model_config, "n_experts", 0):  # a mixture of experts
+        with contextlib.suppress(ValueError):  # a config without closed forms
+            active = f" ({active_params(prepared.model_config):,} active per token)"
     print(
         f"{prepared.recipe.name}: {what} {type(prepared.model).__name__} with "
-        f"{prepared.n_params:,} parameters on {device}, {torch.get_num_threads()} threads "
-        f"-> {run.path}",
+        f"{prepared.n_params:,} parameters{active} on {device}, {torch.get_num_threads()} "
+        f"threads -> {run.path}",
         flush=True,
     )
     data = ", ".join(f"{k} {v}" for k, v in prepared.data.info.items())

@@ -11,6 +11,7 @@ output file is checked to be writable before anything is computed)::
     attnlab viz curves RUN_DIR [RUN_DIR ...] [--log-y]
     attnlab viz bench RESULTS.json
     attnlab viz confusion RUN_DIR [--split test|val] [--counts]
+    attnlab viz experts RUN_DIR [--layers layers.0.ffn,layers.1.ffn]
 
 Layers and heads count from 0. Every command writes a PNG (``--out``) and prints its path.
 """
@@ -24,7 +25,8 @@ from typing import Any
 from attnlab.cli.common import check_writable, fail, guarded
 from attnlab.viz._mpl import DPI, save_figure
 
-COMMANDS = ("attention", "positional", "masks", "schedule", "curves", "bench", "confusion")
+COMMANDS = ("attention", "positional", "masks", "schedule", "curves", "bench", "confusion",
+            "experts")  # fmt: skip
 
 
 def _ints(text: str) -> list[int]:
@@ -266,9 +268,29 @@ def _confusion(args: argparse.Namespace) -> int:
     return 0
 
 
+def _experts(args: argparse.Namespace) -> int:
+    """``attnlab viz experts``: the expert load of a mixture-of-experts run over training (one
+    heatmap per MoE layer: each expert's share of the layer's assignments at each logged step)."""
+    from attnlab.viz.moe import plot_expert_load, read_expert_load
+
+    check_writable(args.out, what="--out")
+    load = read_expert_load(args.run)
+    layers = [n.strip() for n in args.layers.split(",") if n.strip()] if args.layers else None
+    for name, rows in load.layers.items():
+        if layers is None or name in layers:
+            last = rows[-1]
+            print(f"{name}: {len(last)} experts, {len(rows)} logged steps; at step "
+                  f"{load.steps[-1]:g} the busiest takes {max(last):.1%} "
+                  f"(uniform {1 / len(last):.1%})")  # fmt: skip
+    fig = plot_expert_load(load, layers=layers, title=args.title or "")
+    print(f"wrote {save_figure(fig, args.out, dpi=args.dpi)}")
+    return 0
+
+
 _BODIES = {
     "attention": _attention, "positional": _positional, "masks": _masks,
     "schedule": _schedule, "curves": _curves, "bench": _bench, "confusion": _confusion,
+    "experts": _experts,
 }  # fmt: skip
 
 
@@ -371,17 +393,25 @@ def _add_confusion(sub: Any) -> None:
     _output(p, "confusion.png", "confusion.png")
 
 
+def _add_experts(sub: Any) -> None:
+    p = _command(sub, "experts", "expert load over training of a mixture-of-experts run")
+    p.add_argument("run", help="run directory (metrics.jsonl with moe_load) or metrics file")
+    p.add_argument("--layers", help="comma-separated MoE layers to draw (default: all)")
+    p.add_argument("--title")
+    _output(p, "experts.png", "experts.png")
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """``viz`` with attention, positional, masks, schedule, curves, bench, confusion."""
+    """``viz`` with attention, positional, masks, schedule, curves, bench, confusion, experts."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "viz",
-        help="pictures: attention maps, positional encodings, masks, schedules, curves",
+        help="pictures: attention maps, positional encodings, masks, schedules, curves, experts",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     metavar = "{" + ",".join(COMMANDS) + "}"
     sub = p.add_subparsers(dest="viz_command", required=True, metavar=metavar)
     for add in (_add_attention, _add_positional, _add_masks, _add_schedule, _add_curves,
-                _add_bench, _add_confusion):  # fmt: skip
+                _add_bench, _add_confusion, _add_experts):  # fmt: skip
         add(sub)
     return p
 

@@ -3,7 +3,7 @@
 - :mod:`attnlab.interop.keymap`: the declarative key-map machinery and the checks on loading;
 - :mod:`attnlab.interop.hf`: reading/writing Hugging Face directories (:func:`load_hf`,
   :func:`save_hf`), with one ``hf_<family>.py`` per supported family (BERT, GPT-2, Llama, BLOOM,
-  ViT, Marian);
+  ViT, Marian, Mixtral, Qwen2-MoE);
 - :mod:`attnlab.interop.tokenizer`: ``tokenizer.json`` through the ``tokenizers`` library.
 
 Checkpoint key names of other libraries live only here.

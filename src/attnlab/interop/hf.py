@@ -31,8 +31,10 @@ from attnlab.interop.hf_bloom import FAMILY as BLOOM
 from attnlab.interop.hf_gpt2 import FAMILY as GPT2
 from attnlab.interop.hf_llama import FAMILY as LLAMA
 from attnlab.interop.hf_marian import FAMILY as MARIAN
+from attnlab.interop.hf_mixtral import FAMILY as MIXTRAL
+from attnlab.interop.hf_qwen2_moe import FAMILY as QWEN2_MOE
 from attnlab.interop.hf_vit import FAMILY as VIT
-from attnlab.interop.keymap import load_into
+from attnlab.interop.keymap import check_coverage, load_into
 from attnlab.io import read_json, write_files_together
 from attnlab.models import build_model
 from attnlab.registry import Registry
@@ -46,7 +48,7 @@ BIN_NAME = "pytorch_model.bin"
 BIN_INDEX = "pytorch_model.bin.index.json"
 
 HF_FAMILIES: Registry[HFFamily] = Registry("Hugging Face model_type")
-for _family in (BERT, GPT2, LLAMA, BLOOM, VIT, MARIAN):
+for _family in (BERT, GPT2, LLAMA, BLOOM, VIT, MARIAN, MIXTRAL, QWEN2_MOE):
     for _model_type in _family.model_types:
         HF_FAMILIES.add(_model_type, _family)
 
@@ -273,9 +275,14 @@ def hf_family_of(model: nn.Module) -> tuple[HFFamily, dict[str, Any]]:
             continue
         seen.add(family.name)
         try:
-            return family, family.config_to_hf(config)
+            hf_config = family.config_to_hf(config)
+            # the family must also have a tensor for every parameter (MoE FFNs, q/k/v-only biases)
+            check_coverage(model, family.keymap(config), family.name)
+            return family, hf_config
         except UnsupportedCheckpointError as e:
             reasons.append(str(e))
+        except NotImplementedError:
+            reasons.append(f"cannot express this model as {family.name}: its tensors differ")
     if not reasons:
         raise UnsupportedCheckpointError(
             f"no Hugging Face family for {type(model).__name__}; supported classes: "
@@ -292,7 +299,8 @@ def save_hf(model: nn.Module, path: str | os.PathLike[str]) -> Path:
 
     The architecture is the family's model with its head (``BertForMaskedLM`` for a BERT with
     an MLM head, ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``BloomForCausalLM``,
-    ``ViTForImageClassification``, ``MarianMTModel``), or the bare model without one. Each file
+    ``ViTForImageClassification``, ``MarianMTModel``, ``MixtralForCausalLM``,
+    ``Qwen2MoeForCausalLM``), or the bare model without one. Each file
     is written to a temporary file in the directory and moved into place, so an interrupted
     save leaves the previous file, and a symlink in the directory is replaced, not followed.
 

@@ -30,6 +30,8 @@ from attnlab.layers.masks import (
     padding_mask_from_lengths,
     to_additive,
 )
+from attnlab.layers.moe import MoEFeedForward
+from attnlab.layers.moe_stats import collect_moe_stats
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.layers.norm import NORMS, LayerNorm, RMSNorm, build_norm
 from attnlab.layers.positional import (
@@ -62,6 +64,7 @@ __all__ = [
     "LayerNorm",
     "LearnedPositionalEmbedding",
     "LinearAttention",
+    "MoEFeedForward",
     "MultiHeadAttention",
     "NoPositionalEncoding",
     "PositionalEncoding",
@@ -77,6 +80,7 @@ __all__ = [
     "build_positional_encoding",
     "causal_mask",
     "chunked_attention",
+    "collect_moe_stats",
     "combine_masks",
     "get_attention_backend",
     "linear_attention",

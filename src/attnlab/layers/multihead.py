@@ -33,7 +33,8 @@ class MultiHeadAttention(nn.Module):
         d_model: E. n_heads: H (must divide E).
         n_kv_heads: H_kv (must divide H); default H.
         dropout: dropout on the attention weights.
-        bias: biases on the four projections.
+        bias: biases on the four projections. qkv_bias: biases on q/k/v only (``None``: as
+            ``bias``; Qwen2 has q/k/v biases and none on ``out_proj``).
         backend: attention backend name (``ATTENTION_BACKENDS``) or a callable of that signature.
         rotary: a positional encoding whose ``rotate`` is applied to q and k in self-attention
             (RoPE); ``None`` for none.
@@ -53,6 +54,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         backend: str | AttentionBackend = "sdpa",
         rotary: PositionalEncoding | None = None,
+        qkv_bias: bool | None = None,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -69,9 +71,10 @@ class MultiHeadAttention(nn.Module):
             backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")
         )
         self.backend = get_attention_backend(backend)
-        self.q_proj = nn.Linear(d_model, n_heads * self.d_head, bias=bias)
-        self.k_proj = nn.Linear(d_model, n_kv_heads * self.d_head, bias=bias)
-        self.v_proj = nn.Linear(d_model, n_kv_heads * self.d_head, bias=bias)
+        in_bias = bias if qkv_bias is None else qkv_bias
+        self.q_proj = nn.Linear(d_model, n_heads * self.d_head, bias=in_bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.d_head, bias=in_bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.d_head, bias=in_bias)
         self.out_proj = nn.Linear(n_heads * self.d_head, d_model, bias=bias)
         self.rotary = rotary
 

@@ -10,6 +10,12 @@ fields; it is the only place a model reads its config.
 The builders turn a config into layers: :func:`attention` (the backend of each layer, with its
 window), :func:`feed_forward`, :func:`norm`, and the blocks :func:`encoder_layer` /
 :func:`decoder_layer`, which are assembled from those parts.
+
+Mixture-of-Experts (issue 23) is a field group of every stack (``n_experts``, ``top_k``,
+``moe_every``, ...): :func:`feed_forward` builds a
+:class:`~attnlab.layers.moe.MoEFeedForward` for the layers :func:`is_moe_layer` names and the
+dense FFN elsewhere. An encoder-decoder applies the same rule to both stacks (layer ``i`` of
+the encoder and layer ``i`` of the decoder).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from attnlab.layers.attention_backends import (
 )
 from attnlab.layers.blocks import DecoderLayer, EncoderLayer
 from attnlab.layers.feedforward import FeedForward, activation_names
+from attnlab.layers.moe import MoEFeedForward
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.layers.norm import NORMS, build_norm
 from attnlab.layers.positional import POSITIONAL_ENCODINGS, PositionalEncoding
@@ -57,6 +64,23 @@ class StackConfig(Config):
     attn_window: int | None = None  # keys per query of the "sliding_window" backend
     attn_layer_backends: tuple[str, ...] | None = None  # per-layer override of attn_backend
     bias: bool = True  # biases in the linears and LayerNorms
+    qkv_bias: bool | None = None  # biases on q/k/v only; None: same as bias (Qwen2: True)
+    # -- Mixture-of-Experts FFNs (layers/moe.py, issue 23; validated in _validate_moe) ---------
+    n_experts: int = 0  # routed experts per MoE layer; 0: every FFN is dense
+    top_k: int = 2  # experts per token
+    moe_every: int | tuple[int, ...] = 1  # n: layers i with (i+1) % n == 0; or layer indices
+    moe_d_ff: int | None = None  # each expert's hidden width; None: d_ff (dense layers keep d_ff)
+    moe_routing: Literal["topk_softmax", "softmax_topk"] = "topk_softmax"  # Mixtral / Switch
+    norm_topk_prob: bool = True  # softmax_topk: renormalise the k chosen weights
+    capacity_factor: float | None = None  # None: dropless; else ceil(f·N·k/E) per expert
+    aux_loss_weight: float = 0.01  # Switch load-balancing loss weight (per MoE layer, summed)
+    z_loss_weight: float = 0.0  # ST-MoE router z-loss weight
+    n_shared_experts: int = 0  # always-on experts (DeepSeek-MoE / Qwen2-MoE)
+    shared_expert_d_ff: int | None = None  # each shared expert's width; None: the expert width
+    shared_expert_gate: bool = False  # sigmoid gate on the shared experts (Qwen2-MoE)
+    router_bias_balancing: bool = False  # DeepSeek-V3 aux-loss-free selection bias
+    router_bias_rate: float = 1e-3  # its update speed per optimizer step (DeepSeek-V3: 1e-3)
+    # -- end of the MoE fields ------------------------------------------------------------------
 
     def validate(self) -> None:
         """Sizes, probabilities and the registries' choices.
@@ -84,6 +108,33 @@ class StackConfig(Config):
         if pos_encoding is not None:
             self._validate_positions(pos_encoding)
         self._validate_backends()
+        self._validate_moe()
+
+    def _validate_moe(self) -> None:
+        """Ranges of the MoE fields (their types are checked from the annotations)."""
+        check_positive(top_k=self.top_k, moe_d_ff=self.moe_d_ff,
+                       shared_expert_d_ff=self.shared_expert_d_ff,
+                       capacity_factor=self.capacity_factor)  # fmt: skip
+        for name in ("n_experts", "n_shared_experts", "aux_loss_weight", "z_loss_weight",
+                     "router_bias_rate"):  # fmt: skip
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.n_experts and not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(f"top_k={self.top_k} must be in [1, n_experts={self.n_experts}]")
+        if self.shared_expert_gate and not self.n_shared_experts:
+            raise ValueError("shared_expert_gate=True needs n_shared_experts >= 1")
+        every = self.moe_every
+        if isinstance(every, int):
+            if every < 1:
+                raise ValueError(
+                    f"moe_every must be >= 1 (every n-th layer) or layer indices, got {every}"
+                )
+            return
+        depth = max(self.n_layers, getattr(self, "num_decoder_layers", 0))
+        if not every or len(set(every)) != len(every) or not all(0 <= i < depth for i in every):
+            raise ValueError(
+                f"moe_every={list(every)} must list distinct layer indices in [0, {depth})"
+            )
 
     def _validate_backends(self) -> None:
         check_choice("attn_backend", self.attn_backend, ATTENTION_BACKENDS.keys())
@@ -201,12 +252,39 @@ def attention(
         bias=c.bias,
         backend=layer_backend(c, layer),
         rotary=rotary,
+        qkv_bias=c.qkv_bias,
     )
 
 
+def is_moe_layer(c: StackConfig, layer: int) -> bool:
+    """Whether layer ``layer``'s FFN is a mixture of experts: never with ``n_experts == 0``;
+    with an int ``moe_every = n`` when ``(layer + 1) % n == 0`` (1: all; 2: 1, 3, 5, ..., as
+    Qwen2-MoE's ``decoder_sparse_step``); with a tuple when ``layer`` is in it."""
+    if not c.n_experts:
+        return False
+    every = c.moe_every
+    return (layer + 1) % every == 0 if isinstance(every, int) else layer in every
+
+
+def moe_layer_indices(c: StackConfig, n_layers: int | None = None) -> tuple[int, ...]:
+    """The MoE layers of a stack of ``n_layers`` layers (default ``c.n_layers``)."""
+    return tuple(i for i in range(c.n_layers if n_layers is None else n_layers)
+                 if is_moe_layer(c, i))  # fmt: skip
+
+
 def feed_forward(c: StackConfig, layer: int) -> nn.Module:
-    """The position-wise FFN of layer ``layer`` (eq. (2) or a GLU variant)."""
-    return FeedForward(c.d_model, c.d_ff, activation=c.activation, bias=c.bias)
+    """The position-wise FFN of layer ``layer``: eq. (2) or a GLU variant, or a mixture of
+    experts of them (:func:`is_moe_layer`)."""
+    if not is_moe_layer(c, layer):
+        return FeedForward(c.d_model, c.d_ff, activation=c.activation, bias=c.bias)
+    return MoEFeedForward(
+        c.d_model, c.moe_d_ff or c.d_ff, c.n_experts, c.top_k, activation=c.activation,
+        bias=c.bias, routing=c.moe_routing, norm_topk_prob=c.norm_topk_prob,
+        capacity_factor=c.capacity_factor, aux_loss_weight=c.aux_loss_weight,
+        z_loss_weight=c.z_loss_weight, n_shared_experts=c.n_shared_experts,
+        shared_expert_d_ff=c.shared_expert_d_ff, shared_expert_gate=c.shared_expert_gate,
+        bias_balancing=c.router_bias_balancing, bias_update_rate=c.router_bias_rate,
+    )  # fmt: skip
 
 
 def norm(c: StackConfig) -> nn.Module:
@@ -256,7 +334,9 @@ __all__ = [
     "encoder_layer",
     "feed_forward",
     "final_norm",
+    "is_moe_layer",
     "layer_backend",
     "layer_window",
+    "moe_layer_indices",
     "norm",
 ]

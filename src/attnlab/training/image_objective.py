@@ -44,6 +44,7 @@ from attnlab.training.augment import AugmentConfig, MixedBatch, augment_batch
 from attnlab.training.cifar10 import Cifar10
 from attnlab.training.data import Split
 from attnlab.training.losses import label_smoothed_cross_entropy
+from attnlab.training.moe import model_aux_loss
 from attnlab.training.objectives import LossTerms
 
 Sampling = Literal["epoch", "random"]
@@ -232,7 +233,7 @@ class AugmentedClassificationObjective:
             loss = loss + (1 - lam) * per_b
         target = torch.where(lam >= 0.5, labels, labels_b)
         correct = int((logits.detach().argmax(-1) == target).sum())
-        return LossTerms(loss.sum(), int(labels.numel()), correct)
+        return LossTerms(loss.sum(), int(labels.numel()), correct, model_aux_loss(model))
 
 
 def split_batches(

@@ -5,7 +5,10 @@ One schema for every recipe. Each record has ``step`` (optimizer updates so far)
 
 - ``"train"``: ``loss`` (the update's mean training loss, label smoothing included), ``lr``,
   ``grad_norm`` (before clipping), ``tokens`` (input tokens so far), ``tokens_per_s``, and
-  ``epoch`` for recipes whose data has epochs;
+  ``epoch`` for recipes whose data has epochs; mixture-of-experts models add ``aux_loss`` (the
+  routers' weighted auxiliary loss, trained on beside ``loss``), ``moe_balance_loss``,
+  ``moe_z_loss``, ``moe_dropped_fraction``, ``moe_max_load_ratio`` and ``moe_load`` (layer ->
+  assignments per expert in that step; :meth:`attnlab.training.moe.MoEStepStats.fields`);
 - ``"val"``: ``loss`` (no label smoothing), ``accuracy`` (of the loss's targets) and the
   recipe's own metrics (``ppl``, ``bleu``, ``exact_match``, ...);
 - ``"final"``: the same figures for a model made at the end, named by ``model``

@@ -11,7 +11,8 @@ An :class:`Objective` gives the trainer two things:
   terms in it (:class:`LossTerms`). The trainer divides by the total count of all micro-batches
   of an update, so k micro-batches give exactly the gradient of one k-times larger batch even
   when the counts differ (masked LM, translation). Losses are label-smoothed cross-entropies
-  (§5.4, :func:`attnlab.training.losses.label_smoothed_cross_entropy`).
+  (§5.4, :func:`attnlab.training.losses.label_smoothed_cross_entropy`), plus the model's
+  auxiliary loss where it has one (mixture-of-experts balancing: ``LossTerms.aux_loss``).
 
 Two kinds of stream: :class:`SampledStream` draws random batches with its own seeded
 ``torch.Generator`` (the generator state is the position: LM blocks, masked LM, images, the
@@ -37,17 +38,25 @@ from torch import Tensor, nn
 from attnlab.models.bert import mask_tokens
 from attnlab.training.data import ArrayImageDataset, Split, TokenStream
 from attnlab.training.losses import label_smoothed_cross_entropy
+from attnlab.training.moe import model_aux_loss
 
 EVAL_SEED_OFFSET = 1_000_003  # validation batches use their own fixed generator
 
 
 @dataclass
 class LossTerms:
-    """A summed loss, how many terms it sums, and how many of them were predicted right."""
+    """A summed loss, how many terms it sums, and how many of them were predicted right.
+
+    ``aux_loss``: the model's own auxiliary loss (a mixture of experts' load-balancing and
+    z-losses, :func:`attnlab.training.moe.model_aux_loss`), a *mean* over this batch, or
+    ``None``. The trainer adds it to the training loss weighted by ``count / total`` (so k
+    micro-batches still average); it is never part of ``val_loss``.
+    """
 
     loss_sum: Tensor
     count: int
     correct: int
+    aux_loss: Tensor | None = None
 
 
 class DataStream(Protocol):
@@ -169,13 +178,17 @@ class EpochStream:
 # -- objectives ----------------------------------------------------------------------------------
 
 
-def _terms(logits: Tensor, targets: Tensor, ignore_index: int, eps: float) -> LossTerms:
+def _terms(
+    logits: Tensor, targets: Tensor, ignore_index: int, eps: float, model: nn.Module
+) -> LossTerms:
+    """The summed (label-smoothed) cross-entropy of ``logits`` and the auxiliary loss of the
+    forward of ``model`` that made them."""
     loss_sum = label_smoothed_cross_entropy(
         logits.float(), targets, epsilon=eps, ignore_index=ignore_index, reduction="sum"
     )
     keep = targets != ignore_index
     correct = int(((logits.detach().argmax(-1) == targets) & keep).sum())
-    return LossTerms(loss_sum, int(keep.sum()), correct)
+    return LossTerms(loss_sum, int(keep.sum()), correct, model_aux_loss(model))
 
 
 class SampledObjective:
@@ -219,7 +232,7 @@ class CausalLMObjective(SampledObjective):
     def loss(self, model: nn.Module, batch: Any, *, label_smoothing: float) -> LossTerms:
         x, y = batch
         logits, _ = model(x)  # (B, T, V)
-        return _terms(logits, y, -100, label_smoothing)
+        return _terms(logits, y, -100, label_smoothing, model)
 
 
 class MaskedLMObjective(SampledObjective):
@@ -272,7 +285,7 @@ class MaskedLMObjective(SampledObjective):
     def loss(self, model: nn.Module, batch: Any, *, label_smoothing: float) -> LossTerms:
         inputs, targets = batch
         logits = model(inputs).logits  # (B, T, V)
-        return _terms(logits, targets, self.ignore_index, label_smoothing)
+        return _terms(logits, targets, self.ignore_index, label_smoothing, model)
 
 
 class ClassificationObjective(SampledObjective):
@@ -295,7 +308,7 @@ class ClassificationObjective(SampledObjective):
 
     def loss(self, model: nn.Module, batch: Any, *, label_smoothing: float) -> LossTerms:
         images, labels = batch
-        return _terms(model(images), labels, -100, label_smoothing)
+        return _terms(model(images), labels, -100, label_smoothing, model)
 
 
 class Seq2SeqBatch(NamedTuple):
@@ -354,7 +367,7 @@ class Seq2SeqObjective:
 
     def loss(self, model: nn.Module, batch: Any, *, label_smoothing: float) -> LossTerms:
         logits, _ = model(batch.src, batch.tgt, src_mask=batch.src_mask)  # (B, T, V)
-        return _terms(logits, batch.targets, self.pad_id, label_smoothing)
+        return _terms(logits, batch.targets, self.pad_id, label_smoothing, model)
 
 
 @torch.no_grad()

@@ -18,6 +18,11 @@ the newest checkpoint that loads, falling back to older ones (with a warning) wh
 damaged, and never starts over in a directory that has checkpoints. A non-finite training loss
 stops the run with :class:`NonFiniteLossError` before anything is written.
 
+Mixture-of-experts models (:mod:`attnlab.training.moe`): the objective's ``aux_loss`` (the
+routers' balancing and z-losses) is added to the training loss (the logged ``loss`` stays the
+task's; ``aux_loss`` is logged beside it), each train line gets the step's expert load and
+dropped fraction, and aux-loss-free router biases are updated after each optimizer step.
+
 Distributed (under torchrun, :mod:`attnlab.training.distributed`): the trainer wraps the model
 (DDP, or FSDP2 with ``config.fsdp``), every process draws the same global micro-batches and
 computes its slice, losses and evaluation metrics are summed over the processes, only rank 0
@@ -53,6 +58,7 @@ from attnlab.training.distributed import (
     unwrap_model,
 )
 from attnlab.training.metrics import MetricsLogger
+from attnlab.training.moe import MoEStepStats
 from attnlab.training.objectives import Objective
 from attnlab.training.optim import build_optimizer, build_scheduler
 from attnlab.training.progress import Progress
@@ -163,6 +169,8 @@ class Trainer:
         self.evals_since_best = 0
         self.checkpoints = TrainerCheckpoints(self)
         self._resumed: bool | None = None  # what resume() found, before fit
+        self.moe = MoEStepStats.of(self.module)  # mixture-of-experts statistics; None if dense
+        self.last_aux_loss = 0.0
         self._val: list[Any] | None = None
         self._check_best_metric()
 
@@ -198,29 +206,49 @@ class Trainer:
         micro = [self.stream.next_batch() for _ in range(c.grad_accum)]
         total = sum(self.objective.count(b) for b in micro)
         self.optimizer.zero_grad(set_to_none=True)
-        loss_value = 0.0
+        loss_value, aux_value = 0.0, 0.0
+        if self.moe is not None:
+            self.moe.reset()
         for i, batch in enumerate(micro):
             with gradient_sync(self.model, i == len(micro) - 1):
                 terms = self.objective.loss(
                     self.model, self._local(batch), label_smoothing=c.label_smoothing
                 )
                 loss = terms.loss_sum / max(total, 1)
+                objective = loss
+                if terms.aux_loss is not None:  # a mean: weighted by this micro-batch's share
+                    aux = terms.aux_loss * (terms.count / max(total, 1))
+                    objective = loss + aux
+                    aux_value += float(aux.detach())
                 # DDP and FSDP average gradients over the processes; the loss sums over them
-                (loss * world if world > 1 else loss).backward()
+                (objective * world if world > 1 else objective).backward()
             loss_value += loss.item()
+            if self.moe is not None:
+                self.moe.add()
         if world > 1:
-            loss_value = all_reduce_sum([loss_value], self.dist)[0]
-        if not math.isfinite(loss_value):
+            loss_value, aux_value = all_reduce_sum([loss_value, aux_value], self.dist)
+        self.last_aux_loss = aux_value
+        if not math.isfinite(loss_value + aux_value):
+            aux_note = f" (+ auxiliary {aux_value})" if aux_value else ""
             raise NonFiniteLossError(
-                f"the training loss is {loss_value} at step {self.step + 1}; stopped before "
-                "applying it (nothing of this step was saved). Lower lr, enable clipping "
+                f"the training loss is {loss_value}{aux_note} at step {self.step + 1}; stopped "
+                "before applying it (nothing of this step was saved). Lower lr, enable clipping "
                 "(clip_grad_norm) or warmup, or check the data and init_std"
             )
         grad_norm = clip_gradients(self.model, c.clip_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
+        if self.moe is not None:  # aux-loss-free balancing: biases follow the step's load
+            self.moe.after_step(self.module, self.dist)
         self.step += 1
         return loss_value, sum(self.objective.n_tokens(b) for b in micro), grad_norm
+
+    def _train_extras(self) -> dict[str, Any]:
+        """The last step's figures beyond the loss: the auxiliary loss added to it, and the
+        mixture-of-experts statistics (:meth:`~attnlab.training.moe.MoEStepStats.fields`)."""
+        if self.moe is None:
+            return {}
+        return {"aux_loss": self.last_aux_loss, **self.moe.fields(self.dist)}
 
     # -- evaluation ------------------------------------------------------------------------
 
@@ -373,10 +401,12 @@ class Trainer:
                     now = time.monotonic()
                     tok_s = tokens_since_log / max(now - last_log, 1e-9)
                     last_log, tokens_since_log = now, 0
+                    extra = self._train_extras()  # every process: they are summed over them
                     if log is not None:
                         log.log(_record("train", self.step, self.elapsed, {
                             "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": self.tokens,
-                            "tokens_per_s": tok_s, "epoch": self.stream.epoch}))  # fmt: skip
+                            "tokens_per_s": tok_s, "epoch": self.stream.epoch,
+                            **extra}))  # fmt: skip
                 if (c.eval_every and self.step % c.eval_every == 0) or stopped is not None:
                     if self._evaluate(result, log):
                         stopped = "early_stopping"

@@ -17,6 +17,7 @@ drawn; importing this package does not need it. Every ``plot_*`` function return
 - :mod:`~attnlab.viz.schedule`: the §5.3 learning-rate curve (and cosine, constant);
 - :mod:`~attnlab.viz.curves`: train/val loss from JSON Lines metrics files, runs overlaid;
 - :mod:`~attnlab.viz.bench`: time and memory vs n on log-log axes, for the benchmarks;
+- :mod:`~attnlab.viz.moe`: expert load over training of mixture-of-experts runs;
 - :mod:`~attnlab.viz.cli`: ``attnlab viz ...`` (:func:`add_viz_subparser`).
 """
 
@@ -32,6 +33,7 @@ from attnlab.viz.capture import (
 )
 from attnlab.viz.curves import RunMetrics, plot_curves, read_metrics
 from attnlab.viz.masks import MASK_KINDS, mask_data, plot_masks
+from attnlab.viz.moe import plot_expert_load, read_expert_load
 from attnlab.viz.positional import POSITIONAL_KINDS, plot_positional, positional_data
 from attnlab.viz.schedule import plot_schedule, schedule_curves
 
@@ -51,6 +53,7 @@ __all__ = [
     "plot_attention",
     "plot_benchmark",
     "plot_curves",
+    "plot_expert_load",
     "plot_head_scores",
     "plot_layer",
     "plot_masks",
@@ -59,6 +62,7 @@ __all__ = [
     "plot_schedule",
     "positional_data",
     "rank_heads",
+    "read_expert_load",
     "read_metrics",
     "record_attention",
     "schedule_curves",
