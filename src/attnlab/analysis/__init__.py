@@ -4,6 +4,8 @@
 - :mod:`~attnlab.analysis.flops`: forward/backward FLOPs per component (2·m·k·p per matmul);
 - :mod:`~attnlab.analysis.scaling`: the 6·N·tokens rule, crossover lengths, length sweeps;
 - :mod:`~attnlab.analysis.memory`: weights, gradients, Adam state, activations, KV cache;
+- :mod:`~attnlab.analysis.recurrent`: the same closed forms for Mamba and the LSTM/GRU, and their
+  constant decoding state;
 - :mod:`~attnlab.analysis.measure`: ``FlopCounterMode`` counts, saved-activation bytes, step
   time, peak FLOP/s and MFU;
 - :mod:`~attnlab.analysis.report`: :func:`analyze`, the table and JSON of ``attnlab analyze``
@@ -19,6 +21,11 @@ from attnlab.analysis.memory import (
     training_memory,
 )
 from attnlab.analysis.params import ParamBreakdown, count_params, param_breakdown
+from attnlab.analysis.recurrent import (  # also registers the Mamba and RNN closed forms
+    decode_state_bytes,
+    recurrent_state_bytes,
+    scan_elementwise_flops,
+)
 from attnlab.analysis.report import Analysis, analyze
 from attnlab.analysis.scaling import approximations, crossover, sweep_seq_len
 from attnlab.analysis.text import format_report
@@ -34,6 +41,7 @@ __all__ = [
     "count_flops",
     "count_params",
     "crossover",
+    "decode_state_bytes",
     "format_report",
     "forward_flops",
     "kv_cache_bytes",
@@ -41,6 +49,8 @@ __all__ = [
     "measure_flops",
     "mfu",
     "param_breakdown",
+    "recurrent_state_bytes",
+    "scan_elementwise_flops",
     "sweep_seq_len",
     "training_memory",
 ]

@@ -283,6 +283,8 @@ FLOP_FORMULAS: dict[type[Any], TermBuilder] = {
 def default_seq_len(config: Any) -> int:
     """The natural length of a config: ``max_seq_len`` (ViT: its patches + [CLS])."""
     flop_formula(config)
+    if getattr(config, "max_seq_len", None) is None:  # recurrent models have no context length
+        raise ValueError(f"{type(config).__name__} has no max_seq_len: pass seq_len")
     return int(config.max_seq_len)
 
 
