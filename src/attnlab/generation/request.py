@@ -110,8 +110,8 @@ def prepare_request(
     recurrent = is_recurrent(model)
     if not isinstance(model, (GPT, EncoderDecoderTransformer, RecurrentLM)):
         raise TypeError(
-            "generation needs a GPT, an EncoderDecoderTransformer or a recurrent LM (a model "
-            f"with new_state), got {type(model).__name__}"
+            "generation needs a GPT or an EncoderDecoderTransformer (or a recurrent LM: a "
+            f"model with new_state), got {type(model).__name__}"
         )
     cfg: Any = model.config
     enc_dec = isinstance(model, EncoderDecoderTransformer)
