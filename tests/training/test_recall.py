@@ -17,7 +17,8 @@ def test_answer_is_the_token_d_back(kind: str, d: int) -> None:
     task = RecallTask(kind=kind, distance=d)  # type: ignore[arg-type]
     x, y = task.sample(64, torch.Generator().manual_seed(d))
     T = task.seq_len
-    assert x.shape == y.shape == (64, T) and T == d + 2 * task.n_pairs + 2
+    assert x.shape == y.shape == (64, T)
+    assert task.seq_len == d + 2 * task.n_pairs + 2
     assert (y[:, :-1] == -100).all()
     assert torch.equal(y[:, -1], x[:, T - 1 - d])  # the answer sits d positions back
     assert ((y[:, -1] >= 1) & (y[:, -1] <= task.n_symbols)).all()

@@ -18,7 +18,9 @@ Three implementations of the recurrence over a whole sequence, all returning eve
   states at the odd positions); the even positions follow in one vectorised step from their
   odd neighbour. log₂ T levels of tensor operations, no Python loop over time steps, O(T) work
   and O(T) memory (the levels shrink geometrically: T/2 + T/4 + ... < T). Any length works: an
-  odd length leaves its last step unpaired and gets it in the even fix-up.
+  odd length leaves its last step unpaired and gets it in the even fix-up. Its backward is the
+  adjoint recurrence, the same scan run backwards in time (:class:`_DoublingScan`), so training
+  keeps only Ā and the states.
 - :func:`scan_sequential`: the naive reference, a Python loop over time (the recurrence as
   written); used by the tests and the speed benchmark.
 - :func:`selective_step`: one step with a constant-size state, for decoding.
@@ -41,6 +43,7 @@ Shapes: B batch, T time steps, E channels (Mamba's d_inner), N state size (d_sta
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -65,6 +68,8 @@ def discretize(x: Tensor, delta: Tensor, A: Tensor, B: Tensor) -> tuple[Tensor, 
 def scan_parallel(decay: Tensor, u: Tensor, h0: Tensor | None = None) -> Tensor:
     """Every state of ``h_t = decay_t ⊙ h_{t-1} + u_t`` by recursive doubling (see the module).
 
+    Differentiable (:class:`_DoublingScan`): the backward is the same scan run backwards in time.
+
     Args:
         decay: Ā ``(B, T, E, N)``, entries in [0, 1]. u: B̄x ``(B, T, E, N)``.
         h0: the state before the first step ``(B, E, N)`` (default zeros).
@@ -76,7 +81,41 @@ def scan_parallel(decay: Tensor, u: Tensor, h0: Tensor | None = None) -> Tensor:
         ValueError: for mismatched shapes or an empty sequence.
     """
     _check(decay, u, h0)
-    return _doubling(decay, u, h0)
+    if h0 is None:
+        return _DoublingScan.apply(decay, u)
+    return _DoublingScan.apply(decay, u, h0.to(u.dtype))
+
+
+class _DoublingScan(torch.autograd.Function):
+    """Recursive doubling with its adjoint as the backward.
+
+    Autograd through the strided halves of :func:`_doubling` would allocate a zero tensor of the
+    full size for every slice of every level; the adjoint is cheaper and keeps only Ā and the
+    states. With ``g_t = dL/dh_t`` (the total, through every later state),
+
+        g_t = ∂L/∂h_t + Ā_{t+1} ⊙ g_{t+1}     (the recurrence backwards in time, g_T = ∂L/∂h_T)
+        dL/du_t = g_t,   dL/dĀ_t = g_t ⊙ h_{t-1},   dL/dh0 = Ā_1 ⊙ g_1,
+
+    so the backward is one more doubling scan, over the reversed sequence.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, decay: Tensor, u: Tensor, h0: Tensor | None = None) -> Tensor:
+        with torch.no_grad():
+            h = _doubling(decay, u, h0)
+        ctx.save_for_backward(decay, h, h0)
+        return h
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_h: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        decay, h, h0 = ctx.saved_tensors
+        decay_next = torch.cat([decay[:, 1:], torch.zeros_like(decay[:, :1])], dim=1)
+        g = _doubling(decay_next.flip(1), grad_h.flip(1), None).flip(1)  # (B, T, E, N)
+        first = torch.zeros_like(h[:, :1]) if h0 is None else h0[:, None]
+        grad_decay = g * torch.cat([first, h[:, :-1]], dim=1)  # g_t ⊙ h_{t-1}
+        grad_h0 = decay[:, 0] * g[:, 0] if h0 is not None else None
+        return grad_decay, g, grad_h0
 
 
 def _doubling(a: Tensor, b: Tensor, h0: Tensor | None) -> Tensor:
