@@ -5,6 +5,7 @@ beams, samples, no context limit), the two scans' agreement in training, and the
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -191,3 +192,11 @@ def test_generation_has_no_context_limit() -> None:
         model(ids_for(1, 5)[0])
     with pytest.raises(ValueError, match="state holds 2 rows"):
         model(ids_for(3, 5), state=model.new_state(2))
+
+
+def test_attnlab_checkpoint_round_trip(tmp_path: Path) -> None:
+    model = tiny(tie_output=False)
+    back = attnlab.from_pretrained(attnlab.save_pretrained(model, tmp_path))
+    assert isinstance(back, MambaLM) and back.config == model.config
+    pairs = zip(model.state_dict().values(), back.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)

@@ -4,6 +4,7 @@ padded batches and beams, and the closed forms (parameters, FLOPs, state bytes).
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -115,3 +116,12 @@ def test_state_reorder_cat_and_training_loss() -> None:
     loss.backward()
     with pytest.raises(ValueError, match="targets must match"):
         model(ids, targets=ids[:, 1:])
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_attnlab_checkpoint_round_trip(cell: str, tmp_path: Path) -> None:
+    model = tiny(cell, d_hidden=20, tie_output=False)
+    back = attnlab.from_pretrained(attnlab.save_pretrained(model, tmp_path))
+    assert isinstance(back, RNNLM) and back.config == model.config
+    pairs = zip(model.state_dict().values(), back.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
