@@ -15,8 +15,9 @@ Four comparisons, each its own part (``--only``), each writing
    each family: the LSTM's T sequential steps against attention's and the scan's parallelism.
 3. ``recall``: the synthetic tasks of :mod:`attnlab.training.recall` (selective copy; with
    ``--kinds copy,associative`` also associative recall) at distances ``--distances``; every
-   family gets the same steps, batch and optimizer; accuracy on 2048 fresh sequences (chance =
-   1/16). The GPTs' context is the task's length.
+   family gets the same steps (``--recall-steps``), batch (``--recall-batch``) and optimizer
+   (AdamW 1e-3, cosine); accuracy on 2048 fresh sequences (chance = 1/16). The GPTs' context is
+   the task's length.
 4. ``decode``: per-token decoding latency (batch 1, after a prefill of n tokens: KV cache for
    the GPTs, the constant state for Mamba/LSTM) and the memory each keeps per sequence (measured
    bytes of the cache/state, and the closed form), for n = 128 .. 8192; where the curves cross.
@@ -245,7 +246,7 @@ def part_recall(args: argparse.Namespace, meta: dict[str, Any]) -> None:
         for d in args.distances:
             task = RecallTask(kind=kind, distance=d)
             train = TrainConfig(
-                steps=args.recall_steps, batch_size=32, optimizer="adamw", lr=1e-3,
+                steps=args.recall_steps, batch_size=args.recall_batch, optimizer="adamw", lr=1e-3,
                 betas=(0.9, 0.99), weight_decay=0.1, schedule="cosine",
                 warmup=min(100, args.recall_steps // 4), min_lr_ratio=0.1, label_smoothing=0.0,
                 clip_grad_norm=1.0, progress=False, eval_batches=2,
@@ -259,7 +260,8 @@ def part_recall(args: argparse.Namespace, meta: dict[str, Any]) -> None:
                 results[kind][f][d] = {"accuracy": acc, "train_s": seconds}
                 print(f"recall {kind} d={d} {f}: {acc:.3f} ({seconds:.0f} s)")
     md = [
-        f"Accuracy (chance 1/16) after {args.recall_steps} steps of batch 32, per distance d.",
+        f"Accuracy (chance 1/16) after {args.recall_steps} steps of batch {args.recall_batch}, "
+        "per distance d.",
         "",
     ]
     for kind in args.kinds:
@@ -371,6 +373,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kinds", default="copy", help="recall: copy,associative")
     p.add_argument("--distances", type=ints, default=[4, 16, 64, 256])
     p.add_argument("--recall-steps", type=int, default=1000)
+    p.add_argument("--recall-batch", type=int, default=16)
     p.add_argument("--recall-eval", type=int, default=2048)
     p.add_argument("--contexts", type=ints, default=[128, 256, 512, 1024, 2048, 4096, 8192])
     p.add_argument("--decode-steps", type=int, default=16, help="decode: timed tokens per round")
