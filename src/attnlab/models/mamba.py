@@ -26,21 +26,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.config import check_choice, check_positive
+from attnlab.config import Config, check_positive
 from attnlab.layers.embedding import TokenEmbedding, tie_weights
 from attnlab.layers.norm import RMSNorm
 from attnlab.layers.ssm import MambaBlock, MambaMixer, MambaState
-from attnlab.layers.ssm_scan import SCANS
-from attnlab.models.fields import check_token_ids, check_types, is_int
-
-_INTS = ("vocab_size", "d_model", "n_layers", "d_state", "d_conv", "expand", "ignore_index")
-_FLOATS = ("norm_eps", "init_std", "dt_min", "dt_max", "dt_init_floor")
-_BOOLS = ("bias", "conv_bias", "tie_output", "residual_in_fp32")
+from attnlab.models.common import check_token_ids
 
 
 @dataclass(frozen=True, kw_only=True)
-class MambaConfig:
-    """Hyper-parameters of a Mamba LM (defaults: mamba-130m's block shapes, vocab 50280)."""
+class MambaConfig(Config):
+    """Hyper-parameters of a Mamba LM (defaults: mamba-130m's block shapes, vocab 50280).
+
+    Field types are checked by :class:`~attnlab.config.Config`; :meth:`validate` checks ranges.
+    """
 
     model_type: ClassVar[str] = "mamba"
 
@@ -66,20 +64,24 @@ class MambaConfig:
     bos_id: int | None = None
     eos_id: int | None = None
 
-    def __post_init__(self) -> None:
-        check_types(self, _INTS, _FLOATS, _BOOLS)
+    def validate(self) -> None:
+        """Sizes, the step-size range and the special ids.
+
+        Raises:
+            ValueError: naming the bad value.
+        """
+        super().validate()
         check_positive(
             vocab_size=self.vocab_size, d_model=self.d_model, n_layers=self.n_layers,
             d_state=self.d_state, d_conv=self.d_conv, expand=self.expand, norm_eps=self.norm_eps,
             init_std=self.init_std, dt_min=self.dt_min, dt_max=self.dt_max,
             dt_init_floor=self.dt_init_floor,
         )  # fmt: skip
-        if self.dt_rank != "auto" and (not is_int(self.dt_rank) or self.dt_rank < 1):
+        if self.dt_rank != "auto" and self.dt_rank < 1:
             raise ValueError(f"dt_rank must be 'auto' or a positive integer, got {self.dt_rank!r}")
         if self.dt_min > self.dt_max:
             raise ValueError(f"dt_min={self.dt_min} is larger than dt_max={self.dt_max}")
-        check_choice("scan", self.scan, SCANS.keys())
-        check_token_ids(self, self.vocab_size)
+        check_token_ids(self, ("pad_id", "bos_id", "eos_id"), self.vocab_size)
 
     @property
     def d_inner(self) -> int:

@@ -25,20 +25,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.config import check_choice, check_positive, check_probability
+from attnlab.config import Config, check_positive, check_probability
 from attnlab.layers.embedding import TokenEmbedding, tie_weights
-from attnlab.models.fields import check_token_ids, check_types
+from attnlab.models.common import check_token_ids
 
 CELLS = ("lstm", "gru")
-_INTS = ("vocab_size", "d_model", "d_hidden", "n_layers", "ignore_index")
-_FLOATS = ("dropout", "init_std")
-_BOOLS = ("bias", "tie_output")
 
 
 @dataclass(frozen=True, kw_only=True)
-class RNNConfig:
+class RNNConfig(Config):
     """Hyper-parameters of an LSTM/GRU LM (defaults: char-rnn's 2-layer LSTM at the baby GPT's
-    parameter count)."""
+    parameter count). Field types are checked by :class:`~attnlab.config.Config`."""
 
     model_type: ClassVar[str] = "rnn"
 
@@ -56,9 +53,13 @@ class RNNConfig:
     bos_id: int | None = None
     eos_id: int | None = None
 
-    def __post_init__(self) -> None:
-        check_types(self, _INTS, _FLOATS, _BOOLS)
-        check_choice("cell", self.cell, CELLS)
+    def validate(self) -> None:
+        """Sizes, the dropout rate, tying and the special ids.
+
+        Raises:
+            ValueError: naming the bad value.
+        """
+        super().validate()
         check_positive(
             vocab_size=self.vocab_size, d_model=self.d_model, d_hidden=self.d_hidden,
             n_layers=self.n_layers, init_std=self.init_std,
@@ -69,7 +70,7 @@ class RNNConfig:
                 f"tie_output needs d_hidden == d_model, got d_hidden={self.d_hidden}, "
                 f"d_model={self.d_model} (set tie_output=False)"
             )
-        check_token_ids(self, self.vocab_size)
+        check_token_ids(self, ("pad_id", "bos_id", "eos_id"), self.vocab_size)
 
     @property
     def hidden_size(self) -> int:

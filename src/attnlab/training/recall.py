@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from attnlab.config import check_choice
 from attnlab.training.data import Split
 from attnlab.training.losses import label_smoothed_cross_entropy
-from attnlab.training.objectives import LossTerms
+from attnlab.training.objectives import LossTerms, SampledObjective
 
 IGNORE = -100
 QUERY = 0
@@ -114,13 +114,18 @@ class RecallTask:
         return values[rows, queried]
 
 
-class RecallObjective:
-    """The trainer's view of a :class:`RecallTask` (one scored position per sequence)."""
+class RecallObjective(SampledObjective):
+    """The trainer's view of a :class:`RecallTask` (one scored position per sequence).
+
+    Training and validation batches are fresh draws of the task (it has no fixed data set): the
+    training stream's generator is its data position, the validation batches come from their own
+    fixed seed.
+    """
 
     def __init__(self, task: RecallTask) -> None:
         self.task = task
 
-    def batch(self, split: Split, batch_size: int, generator: torch.Generator) -> Any:
+    def sample(self, split: Split, batch_size: int, generator: torch.Generator) -> Any:
         return self.task.sample(batch_size, generator)
 
     def count(self, batch: Any) -> int:
