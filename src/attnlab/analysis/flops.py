@@ -38,6 +38,8 @@ from attnlab.models.vit import ViTConfig
 SOFTMAX_FLOPS_PER_SCORE = 5
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
+# the linear maps of the recurrent layers, by parent module: Mamba's mixer, the LSTM/GRU
+RECURRENT_PROJECTIONS = {"mixer": ("in_proj", "x_proj", "dt_proj"), "rnn": ("input", "hidden")}
 ATTENTION_PRODUCTS = ("scores", "weighted_sum")
 FLOP_GROUPS = ("projections", "attention", "ffn", "other")
 
@@ -70,9 +72,12 @@ class MatmulTerm:
 
     @property
     def group(self) -> str:
-        """``"projections"``, ``"attention"``, ``"ffn"`` or ``"other"`` (embeddings, heads)."""
+        """``"projections"``, ``"attention"``, ``"ffn"`` or ``"other"`` (embeddings, heads;
+        Mamba's convolution and read-out)."""
         parts = self.name.split(".")
         if parts[-1] in PROJECTIONS:
+            return "projections"
+        if len(parts) > 1 and parts[-1] in RECURRENT_PROJECTIONS.get(parts[-2], ()):
             return "projections"
         if parts[-1] in ATTENTION_PRODUCTS:
             return "attention"

@@ -262,6 +262,51 @@ def state_crossover(
     return math.floor(recurrent_state_bytes(recurrent, dtype=dtype) / per_token) + 1
 
 
+# -- what ``attnlab analyze`` adds for a recurrent model ---------------------------------------
+
+ANALYZE_SEQ_LEN = 1024  # the length analyze uses for a model without a context length
+
+
+def is_recurrent_config(config: Any) -> bool:
+    """Whether ``config`` describes a recurrent model (Mamba, LSTM/GRU: no context length)."""
+    return isinstance(config, MambaConfig | RNNConfig)
+
+
+def state_figures(
+    config: RecurrentConfig, *, batch: int = 1, dtype: str | int = "float32"
+) -> dict[str, int]:
+    """The decoding state next to a KV cache, for the report.
+
+    Returns:
+        ``bytes_per_sequence`` and ``total`` (``batch`` sequences) of the state, the
+        ``kv_cache_per_token`` of a Transformer decoder of the same ``d_model`` and ``n_layers``
+        (full multi-head attention: ``2·L·d_model·bytes``), and ``kv_cache_larger_from``: the
+        context at which that cache outgrows the state.
+
+    Raises:
+        ValueError: for a non-positive batch or an unknown dtype.
+    """
+    per_seq = recurrent_state_bytes(config, dtype=dtype)
+    kv = 2 * config.n_layers * config.d_model * dtype_bytes(dtype)
+    return {
+        "bytes_per_sequence": per_seq,
+        "batch": check_length("batch", batch),
+        "total": per_seq * batch,
+        "kv_cache_per_token": kv,
+        "kv_cache_larger_from": per_seq // kv + 1,
+    }
+
+
+def elementwise_flops(config: RecurrentConfig, seq_len: int, *, batch: int = 1) -> dict[str, int]:
+    """The elementwise FLOPs the matmul totals leave out that the report names:
+    ``{"selective_scan": ...}`` for Mamba (:func:`scan_elementwise_flops` with the config's
+    scan), nothing for the LSTM/GRU (their gates' arithmetic is ``O(t·H)``, not counted)."""
+    if isinstance(config, MambaConfig):
+        return {"selective_scan": scan_elementwise_flops(config, seq_len, batch=batch,
+                                                         scan=config.scan)}  # fmt: skip
+    return {}
+
+
 BREAKDOWNS[MambaConfig] = _mamba_breakdown
 BREAKDOWNS[RNNConfig] = _rnn_breakdown
 PARAM_FORMULAS[MambaConfig] = mamba_params
@@ -271,8 +316,11 @@ FLOP_FORMULAS[RNNConfig] = _rnn_terms
 
 
 __all__ = [
+    "ANALYZE_SEQ_LEN",
     "decode_flops_per_token",
     "decode_state_bytes",
+    "elementwise_flops",
+    "is_recurrent_config",
     "mamba_layer_params",
     "mamba_params",
     "recurrent_flops",
@@ -281,4 +329,5 @@ __all__ = [
     "rnn_params",
     "scan_elementwise_flops",
     "state_crossover",
+    "state_figures",
 ]
