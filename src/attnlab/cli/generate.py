@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from attnlab.cli.common import check_device, fail, guarded
 from attnlab.cli.decoding import add_decoding_arguments, context_message, decoding_config, ids
@@ -171,7 +171,7 @@ def run_generate(args: argparse.Namespace) -> int:
     decoder_only = isinstance(model, attnlab.GPT) or is_recurrent(model)
     if not decoder_only and not isinstance(model, attnlab.EncoderDecoderTransformer):
         fail(f"{args.model} holds a {type(model).__name__}, which does not generate")
-    eos = set(resolve_eos(model, config.eos_ids))
+    eos = set(resolve_eos(cast(Any, model), config.eos_ids))  # a model that generates
     source_eos = (
         model.config.eos_id if isinstance(model, attnlab.EncoderDecoderTransformer) else None
     )

@@ -146,6 +146,10 @@ class MambaMixer(nn.Module):
         self.dt_proj = nn.Linear(dt_rank, d_inner, bias=True)
         self.A_log = nn.Parameter(torch.empty(d_inner, d_state))
         self.D = nn.Parameter(torch.empty(d_inner))
+        # log decay rates and the skip are not weight matrices: no weight decay (as the
+        # reference marks them; attnlab.training.optim reads the mark)
+        self.A_log._no_weight_decay = True  # type: ignore[attr-defined]
+        self.D._no_weight_decay = True  # type: ignore[attr-defined]
         self.out_proj = nn.Linear(d_inner, d_model, bias=bias)
         self.reset_ssm_parameters()
 
