@@ -181,6 +181,15 @@ class MambaMixer(nn.Module):
     def _conv(self, x: Tensor, state: MambaLayerState | None) -> Tensor:
         """Causal depthwise convolution + SiLU; with a state, its inputs continue the state's."""
         xt = x.transpose(1, 2)  # (B, E, T)
+        if state is not None and xt.shape[-1] == 1:
+            # One decoding step is K multiply-adds per channel: written out, as the reference's
+            # causal_conv1d_update does (a oneDNN convolution call costs far more on the CPU).
+            window = torch.cat([state.conv.to(xt.dtype), xt], dim=-1)  # (B, E, K)
+            state.conv = window[..., 1:]
+            y = (window * self.conv1d.weight[:, 0]).sum(-1)  # (B, E)
+            if self.conv1d.bias is not None:
+                y = y + self.conv1d.bias
+            return F.silu(y)[:, None]  # (B, 1, E)
         if state is None:
             padded = F.pad(xt, (self.d_conv - 1, 0))  # (B, E, K - 1 + T)
         else:
