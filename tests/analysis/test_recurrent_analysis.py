@@ -47,7 +47,7 @@ CASES: dict[str, Any] = {
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-@pytest.mark.parametrize(("B", "T"), [(2, 5), (3, 7)])
+@pytest.mark.parametrize(("B", "T"), [(2, 5), (3, 7), (1, 6), (3, 1)])
 def test_activations_equal_the_saved_tensors(name: str, B: int, T: int) -> None:
     """Element for element; the one scalar of the mean loss (4 bytes) is left out. The LSTM is
     counted on PyTorch's native cell (oneDNN off)."""

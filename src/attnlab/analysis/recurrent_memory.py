@@ -13,9 +13,10 @@ Mamba, per layer (D d_model, E d_inner, N d_state, R dt_rank, K d_conv), element
 - the block's RMSNorm: its input, 1/rms, x̂ and its output (``in_proj``'s input), ``3·t·D + t``;
 - ``10·t·E + B·E·(T + K - 1) + t·(R + 2N)`` in the model dtype: ``in_proj``'s output (x and z,
   ``2tE``), the padded convolution input, the convolution output (SiLU's input), x (and the
-  contiguous copy ``x_proj`` reads), ``x_proj``'s output (Δ's rank-R input, B and C are views
-  of it), ``dt_proj``'s output (softplus's input), Δ, and the gated output's three operands
-  (y, SiLU(z), ``out_proj``'s input);
+  contiguous copy ``x_proj`` reads, made when B > 1 and T > 1: ``9·t·E`` otherwise),
+  ``x_proj``'s output (Δ's rank-R input, B and C are views of it), ``dt_proj``'s output
+  (softplus's input), Δ, and the gated output's three operands (y, SiLU(z), ``out_proj``'s
+  input);
 - in float32: ``Δ·x`` (``t·E``), ``A = -exp(A_log)`` and its exp (``2·E·N``, batch-independent),
   and the scan's ``(B, T, E, N)`` tensors: Ā and the states, ``2·t·E·N`` for the parallel scan
   (its backward is the adjoint scan, :class:`~attnlab.layers.ssm_scan._DoublingScan`); the
@@ -69,7 +70,10 @@ def mamba_activation_bytes(c: MambaConfig, *, batch: int, seq_len: int, a: int) 
     B, T, D, E, N = batch, seq_len, c.d_model, c.d_inner, c.d_state
     t = B * T
     norm = 3 * t * D + t
-    mixer = 10 * t * E + B * E * (T + c.d_conv - 1) + t * (c.dt_rank_value + 2 * N)
+    # x_proj reads x through a copy, except for one sequence or one token: (B, T, E) transposed
+    # from (B, E, T) then flattens to a (transposed) matrix that the product reads as it is
+    copies = t * E if B > 1 and T > 1 else 0
+    mixer = 9 * t * E + copies + B * E * (T + c.d_conv - 1) + t * (c.dt_rank_value + 2 * N)
     states = (2 if c.scan == "parallel" else 3) * t * E * N
     fp32 = t * E + 2 * E * N + states
     layers = c.n_layers * ((norm + mixer) * a + fp32 * FP32)

@@ -183,7 +183,7 @@ class MambaMixer(nn.Module):
         xt = x.transpose(1, 2)  # (B, E, T)
         if state is not None and xt.shape[-1] == 1:
             # One decoding step is K multiply-adds per channel: written out, as the reference's
-            # causal_conv1d_update does (a oneDNN convolution call costs far more on the CPU).
+            # step does without its CUDA kernel (a oneDNN convolution call costs far more here).
             window = torch.cat([state.conv.to(xt.dtype), xt], dim=-1)  # (B, E, K)
             state.conv = window[..., 1:]
             y = (window * self.conv1d.weight[:, 0]).sum(-1)  # (B, E)
