@@ -115,7 +115,7 @@ def shakespeare_run(args: argparse.Namespace, family: str, steps: int, name: str
     """Train ``family`` for ``steps`` steps with the recipe into ``--runs/name``; what it did."""
     over = {**QUIET, **args.lm, "arch": FAMILIES[family], "steps": steps,
             "eval_every": max(1, steps // 10), "eval_batches": args.eval_batches, "log_every": 1,
-            "warmup": min(args.lm.get("warmup", 100), max(steps // 4, 1))}  # fmt: skip
+            "warmup": min(args.lm.get("warmup", 100), steps // 4)}  # fmt: skip
     run = args.runs / name
     prepared, result = train_recipe("shakespeare-char", run, over, overwrite=True)
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -231,7 +231,7 @@ def part_recall(args: argparse.Namespace, meta: dict[str, Any]) -> None:
                         "distance": d, "steps": args.recall_steps,
                         "batch_size": args.recall_batch, "eval_every": 0,
                         "eval_batches": max(1, args.recall_eval // args.recall_batch),
-                        "warmup": min(100, max(args.recall_steps // 4, 1))}  # fmt: skip
+                        "warmup": min(100, args.recall_steps // 4)}  # fmt: skip
                 run = args.runs / f"recall-{kind}-d{d}-{f}"
                 _, result = train_recipe("recall", run, over, overwrite=True)
                 acc = result.evals[-1]["val_accuracy"]
