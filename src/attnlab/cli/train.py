@@ -126,7 +126,8 @@ def run_recipe(args: argparse.Namespace) -> int:
     start = time.monotonic()
     recipe = get_recipe(args.recipe)
     overrides = parse_overrides(list(args.overrides), recipe_types(recipe))
-    _check_variant_keys(recipe, overrides)
+    if not args.resume:  # a resumed run's model is the run's own (train_recipe checks it)
+        _check_variant_keys(recipe, overrides)
     out = _run_dir(args, recipe, overrides)
     command = "attnlab " + " ".join(sys.argv[1:]) if sys.argv else ""
     joined: list[Any] = []
