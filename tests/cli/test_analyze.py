@@ -115,7 +115,7 @@ def test_bad_config_files(tmp_path: Path) -> None:
     for text, match in (
         ("{not json", "cannot read config file"),
         ("[1, 2]", "must hold a JSON object"),
-        ('{"model_type": "rnn"}', "unknown model type 'rnn'"),
+        ('{"model_type": "t5"}', "unknown model type 't5'"),
         ('{"model_type": "gpt", "d_modle": 8}', "unknown GPTConfig keys"),
         ('{"model_type": "gpt", "d_model": "x"}', "bad config"),
         ('{"model_type": "gpt", "n_layers": 0}', "n_layers must be positive"),

@@ -22,7 +22,9 @@ from attnlab.models import (
     CCTConfig,
     EncoderDecoderTransformer,
     GPTConfig,
+    MambaConfig,
     ResNetConfig,
+    RNNConfig,
     TransformerConfig,
     ViT,
     ViTConfig,
@@ -97,6 +99,8 @@ LOSSES: dict[type[Any], Callable[[Any, torch.Generator], Tensor]] = {
     TransformerConfig: transformer_loss,
     CCTConfig: vit_loss,
     ResNetConfig: vit_loss,
+    MambaConfig: gpt_loss,  # the same LM interface: forward(ids, targets=) -> (logits, loss)
+    RNNConfig: gpt_loss,
 }
 
 

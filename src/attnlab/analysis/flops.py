@@ -42,6 +42,8 @@ from attnlab.models.vit import ViTConfig
 SOFTMAX_FLOPS_PER_SCORE = 5
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
+# the linear maps of the recurrent layers, by parent module: Mamba's mixer, the LSTM/GRU
+RECURRENT_PROJECTIONS = {"mixer": ("in_proj", "x_proj", "dt_proj"), "rnn": ("input", "hidden")}
 ATTENTION_PRODUCTS = ("scores", "weighted_sum")
 FLOP_GROUPS = ("projections", "attention", "ffn", "other")
 
@@ -74,9 +76,12 @@ class MatmulTerm:
 
     @property
     def group(self) -> str:
-        """``"projections"``, ``"attention"``, ``"ffn"`` or ``"other"`` (embeddings, heads)."""
+        """``"projections"``, ``"attention"``, ``"ffn"`` or ``"other"`` (embeddings, heads;
+        Mamba's convolution and read-out)."""
         parts = self.name.split(".")
         if parts[-1] in PROJECTIONS:
+            return "projections"
+        if len(parts) > 1 and parts[-1] in RECURRENT_PROJECTIONS.get(parts[-2], ()):
             return "projections"
         if parts[-1] in ATTENTION_PRODUCTS:
             return "attention"
@@ -305,6 +310,8 @@ FLOP_FORMULAS: dict[type[Any], TermBuilder] = {
 def default_seq_len(config: Any) -> int:
     """The natural length of a config: ``max_seq_len`` (ViT: its patches + [CLS])."""
     flop_formula(config)
+    if getattr(config, "max_seq_len", None) is None:  # recurrent models have no context length
+        raise ValueError(f"{type(config).__name__} has no max_seq_len: pass seq_len")
     return int(config.max_seq_len)
 
 

@@ -39,6 +39,7 @@ F d_ff, H heads, H_kv kv heads, D head dim, V vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,6 +136,12 @@ def _layer_stack(
     return n_layers * act, n_layers * fp32, n_layers * scores
 
 
+# Families whose activations are not an attention stack's register their formula here:
+# ``fn(config, *, batch, seq_len, a) -> {"layers", "outside_layers", "attention_scores", "total",
+# ...}`` with ``a`` bytes per element (attnlab.analysis.recurrent_memory: Mamba, LSTM/GRU).
+ACTIVATION_FORMULAS: dict[type[Any], Callable[..., dict[str, int]]] = {}
+
+
 def activation_bytes(
     config: Any,
     seq_len: int | None = None,
@@ -155,6 +162,9 @@ def activation_bytes(
     a = dtype_bytes(dtype)
     B = check_length("batch", batch)
     T = default_seq_len(config) if seq_len is None else check_length("seq_len", seq_len)
+    formula = ACTIVATION_FORMULAS.get(type(config))
+    if formula is not None:
+        return formula(config, batch=B, seq_len=T, a=a)
     c = config
     t = B * T
     outside = 0
@@ -297,6 +307,7 @@ def kv_cache_bytes(
 
 
 __all__ = [
+    "ACTIVATION_FORMULAS",
     "ADAM_STATE_BYTES",
     "DTYPE_BYTES",
     "TrainingMemory",

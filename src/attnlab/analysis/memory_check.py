@@ -12,7 +12,9 @@ larger, exits with status 2 and a message naming both figures; ``--ignore-memory
   for every sequence (beams included), the prefill's transient tensors (the logits of every
   prompt position and one layer's attention scores and probabilities) and the weight copies
   that decoding keeps when the caller counts them (fp32 on the CPU:
-  :func:`attnlab.transforms.decode_weights.copy_numel`).
+  :func:`attnlab.transforms.decode_weights.copy_numel`). A recurrent model (Mamba, LSTM/GRU)
+  keeps its constant-size state instead of the cache; its prefill holds the prompt's logits and
+  one layer's scan tensors (Mamba: Ā, B̄x and the states, ``(B, P, E, N)`` float32 each).
 
 The estimates are lower bounds (the allocator, the framework and the data add their own), so a
 run that passes can still come close to the limit; one that fails cannot fit.
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnlab.analysis.flops import FLOP_FORMULAS
+from attnlab.analysis.flops import FLOP_FORMULAS, default_seq_len
 from attnlab.analysis.memory import (
     FP32,
     dtype_bytes,
@@ -37,8 +39,10 @@ from attnlab.analysis.memory import (
     training_memory,
 )
 from attnlab.analysis.params import PARAM_FORMULAS, count_params
+from attnlab.analysis.recurrent import is_recurrent_config, recurrent_state_bytes
 from attnlab.analysis.text import human_bytes
 from attnlab.models.gpt import GPTConfig
+from attnlab.models.mamba import MambaConfig
 from attnlab.models.transformer import TransformerConfig
 
 IGNORE_FLAG = "--ignore-memory-check"
@@ -72,15 +76,17 @@ def estimate_training(
     config: Any, *, batch: int, seq_len: int | None = None, dtype: str = "float32"
 ) -> MemoryEstimate | None:
     """Memory of one Adam training step on ``batch`` sequences of ``seq_len`` tokens (default:
-    the config's full context); ``None`` for a config the analysis has no formula for.
+    the config's full context; a recurrent model has none and needs it); ``None`` for a config
+    the analysis has no formula for.
 
     Raises:
-        ValueError: for a non-positive ``batch`` or ``seq_len``, or an unknown ``dtype``.
+        ValueError: for a non-positive ``batch`` or ``seq_len``, an unknown ``dtype``, or no
+            ``seq_len`` for a model without a context length.
     """
     if type(config) not in PARAM_FORMULAS or type(config) not in FLOP_FORMULAS:
         return None  # the activations come from the FLOP terms (CNNs, CCT: no estimate)
     m = training_memory(config, seq_len, batch=batch, dtype=dtype)
-    T = seq_len if seq_len is not None else config.max_seq_len
+    T = seq_len if seq_len is not None else default_seq_len(config)
     what = f"training {type(config).__name__} ({dtype}, Adam, batch {batch} x {T} tokens)"
     return MemoryEstimate(
         what,
@@ -111,7 +117,8 @@ def estimate_generation(
     Raises:
         ValueError: for non-positive sizes or an unknown ``dtype``.
     """
-    if not isinstance(config, GPTConfig | TransformerConfig):
+    recurrent = is_recurrent_config(config)
+    if not recurrent and not isinstance(config, GPTConfig | TransformerConfig):
         return None
     for name, value in (("batch", batch), ("prompt_len", prompt_len), ("num_beams", num_beams)):
         if value < 1:
@@ -119,6 +126,11 @@ def estimate_generation(
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     rows, a = batch * num_beams, dtype_bytes(dtype)
+    if recurrent:
+        return _recurrent_generation(
+            config, batch=batch, rows=rows, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
+            dtype=dtype, decode_copy_numel=decode_copy_numel,
+        )  # fmt: skip
     if isinstance(config, GPTConfig):  # prompt and new tokens share one cache
         context, src = prompt_len + max_new_tokens, None
         logits = batch * prompt_len * config.vocab_size * FP32  # the prefill's logits
@@ -132,6 +144,29 @@ def estimate_generation(
         f"of {prompt_len} + {max_new_tokens} tokens)"
     )
     parts = {"weights": count_params(config) * a, "kv_cache": kv, "prefill": logits + scores}
+    if decode_copy_numel:
+        parts["decode_copies"] = decode_copy_numel * a
+    return MemoryEstimate(what, parts)
+
+
+def _recurrent_generation(
+    config: Any, *, batch: int, rows: int, prompt_len: int, max_new_tokens: int, dtype: str,
+    decode_copy_numel: int,
+) -> MemoryEstimate:  # fmt: skip
+    """:func:`estimate_generation` for a model that decodes with a constant-size state."""
+    a = dtype_bytes(dtype)
+    prefill = batch * prompt_len * config.vocab_size * FP32  # the prompt's logits
+    if isinstance(config, MambaConfig):  # one layer's decay, input and states, float32
+        prefill += 3 * batch * prompt_len * config.d_inner * config.d_state * FP32
+    what = (
+        f"generating with {type(config).__name__} ({dtype}, {rows} sequence{'s' * (rows > 1)} "
+        f"of {prompt_len} + {max_new_tokens} tokens)"
+    )
+    parts = {
+        "weights": count_params(config) * a,
+        "state": recurrent_state_bytes(config, batch=rows, dtype=dtype),
+        "prefill": prefill,
+    }
     if decode_copy_numel:
         parts["decode_copies"] = decode_copy_numel * a
     return MemoryEstimate(what, parts)
@@ -220,13 +255,14 @@ def check_fits(
     )
 
 
-def check_training_fits(config: Any, batch_size: int) -> None:
-    """:func:`check_fits` for training ``config`` on micro-batches of ``batch_size``.
+def check_training_fits(config: Any, batch_size: int, seq_len: int | None = None) -> None:
+    """:func:`check_fits` for training ``config`` on micro-batches of ``batch_size`` sequences
+    of ``seq_len`` tokens (default: the config's context).
 
     Raises:
         MemoryLimitError: when the estimate exceeds the available memory.
     """
-    check_fits(estimate_training(config, batch=batch_size))
+    check_fits(estimate_training(config, batch=batch_size, seq_len=seq_len))
 
 
 __all__ = [

@@ -30,6 +30,12 @@ from attnlab.analysis.memory import (
 )
 from attnlab.analysis.moe import MoESummary, moe_summary
 from attnlab.analysis.params import ParamBreakdown, count_params, param_breakdown
+from attnlab.analysis.recurrent import (
+    ANALYZE_SEQ_LEN,
+    elementwise_flops,
+    is_recurrent_config,
+    state_figures,
+)
 from attnlab.analysis.scaling import Approximation, Crossover, approximations, crossover
 from attnlab.config import config_to_dict
 from attnlab.models.gpt import GPTConfig
@@ -47,13 +53,15 @@ class Analysis:
     params_measured: int | None  # count_params of a built model, when one was given
     flops: FlopBreakdown
     approximations: list[Approximation]
-    crossover: Crossover
+    crossover: Crossover | None  # None: no attention (a recurrent model)
     memory: TrainingMemory
     activations: dict[str, int]
     dtype: str
     kv_cache: dict[str, int | None] | None
     notes: list[str] = field(default_factory=list)
     moe: MoESummary | None = None  # mixture-of-experts models: total vs active
+    state: dict[str, int] | None = None  # a recurrent model's decoding state
+    elementwise: dict[str, int] = field(default_factory=dict)  # FLOPs outside the matmuls
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (plain ints/floats/strings)."""
@@ -94,12 +102,13 @@ class Analysis:
                 },
                 "groups": f.grouped(),
                 "shares": f.shares(),
+                "elementwise": self.elementwise,
                 "approximations": [
                     {"name": a.name, "flops": a.flops, "relative_error": a.relative_error}
                     for a in self.approximations
                 ],
             },
-            "crossover": dataclasses.asdict(self.crossover),
+            "crossover": dataclasses.asdict(self.crossover) if self.crossover else None,
             "memory": {
                 "dtype": self.dtype,
                 **self.memory.as_dict(),
@@ -107,6 +116,7 @@ class Analysis:
             },
             "kv_cache": self.kv_cache,
             "moe": dataclasses.asdict(self.moe) if self.moe is not None else None,
+            "state": self.state,
             "notes": self.notes,
         }
 
@@ -125,7 +135,9 @@ def analyze(
 
     Args:
         target: a model config or an ``nn.Module`` with a ``config`` attribute.
-        seq_len: T (default the config's ``max_seq_len``; ViT: its patches + 1).
+        seq_len: T (default the config's ``max_seq_len``; ViT: its patches + 1; a recurrent
+            model, which has no context length: :data:`~attnlab.analysis.recurrent.
+            ANALYZE_SEQ_LEN`, said in a note).
         batch: B. src_len: S for encoder-decoders (default T).
         dtype: weights/activations dtype for the memory figures (``"float32"``, ``"bfloat16"``).
         window: a sliding attention window for the KV-cache figures.
@@ -143,7 +155,11 @@ def analyze(
     else:
         config = target
     params = param_breakdown(config)  # raises for unknown config types
-    flops = forward_flops(config, seq_len, batch=batch, src_len=src_len)
+    recurrent = is_recurrent_config(config)
+    if recurrent and src_len is not None:
+        raise ValueError("src_len applies to encoder-decoder models")
+    length = ANALYZE_SEQ_LEN if recurrent and seq_len is None else seq_len
+    flops = forward_flops(config, length, batch=batch, src_len=src_len)
     n = flops.seq_len
     memory = training_memory(config, n, batch=batch, src_len=src_len, dtype=dtype)
     acts = activation_bytes(config, n, batch=batch, src_len=src_len, dtype=dtype)
@@ -164,19 +180,40 @@ def analyze(
         params_measured=measured,
         flops=flops,
         approximations=approximations(config, flops),
-        crossover=crossover(config),
+        crossover=None if recurrent else crossover(config),
         memory=memory,
         activations=acts,
         dtype=dtype if isinstance(dtype, str) else f"{dtype_bytes(dtype)} bytes",
         kv_cache=kv,
-        notes=_notes(config, n, measured, params.total),
+        notes=_notes(config, n, measured, params.total, defaulted=seq_len is None),
         moe=moe_summary(config, n),
+        state=state_figures(config, batch=batch, dtype=dtype) if recurrent else None,
+        elementwise=elementwise_flops(config, n, batch=batch) if recurrent else {},
     )
 
 
-def _notes(config: Any, n: int, measured: int | None, closed_form: int) -> list[str]:
+def _notes(
+    config: Any, n: int, measured: int | None, closed_form: int, *, defaulted: bool
+) -> list[str]:
     """What a reader of the figures should know about this config and length."""
     notes: list[str] = []
+    if is_recurrent_config(config):
+        if defaulted:
+            notes.append(
+                f"{type(config).__name__} has no context length: the figures are for "
+                f"seq_len={n} (pass --seq-len / seq_len=)"
+            )
+        notes.append(
+            "no attention: no crossover and no KV cache; decoding keeps the constant-size "
+            "state above instead (the cache figure is a Transformer decoder's of the same "
+            "d_model and n_layers)"
+        )
+        if type(config).model_type == "rnn":
+            notes.append(
+                "the cells' gate arithmetic (elementwise, O(B·T·H)) is not in the FLOPs; the "
+                "activation figure is PyTorch's native cell (the CPU LSTM's oneDNN kernel keeps "
+                "a larger workspace)"
+            )
     if getattr(config, "pos_encoding", None) == "learned" and n > config.max_seq_len:
         notes.append(
             f"seq_len={n} exceeds the learned position table (max_seq_len={config.max_seq_len}):"

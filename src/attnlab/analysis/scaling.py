@@ -103,12 +103,15 @@ def sweep_seq_len(
 
     Args:
         lengths: sequence lengths (default powers of two from 64 to 8·``crossover.layer``
-            rounded up, at least up to 4·``max_seq_len``).
+            rounded up, at least up to 4·``max_seq_len``; 64 to 4096 for a model without
+            attention and context length, whose shares do not move).
 
     Returns:
         One row per length: ``seq_len``, ``forward`` (matmul FLOPs), ``softmax`` and the
         share of each group in :data:`FLOP_GROUPS`.
     """
+    if lengths is None and not hasattr(config, "max_seq_len"):  # recurrent: no crossover
+        lengths = [2**k for k in range(6, 13)]
     if lengths is None:
         top = max(8 * crossover(config).layer, 4 * default_seq_len(config))
         lengths = [2**k for k in range(6, max(7, math.ceil(math.log2(top))) + 1)]

@@ -26,7 +26,14 @@ def human_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+# the sizes that describe a config without attention fields (Mamba, LSTM/GRU)
+_RECURRENT_FIELDS = ("cell", "d_model", "d_hidden", "n_layers", "d_state", "d_conv", "expand",
+                     "dt_rank", "scan", "vocab_size")  # fmt: skip
+
+
 def _config_line(c: Any) -> str:
+    if not hasattr(c, "n_heads"):
+        return ", ".join(f"{k}={getattr(c, k)}" for k in _RECURRENT_FIELDS if hasattr(c, k))
     kv = c.n_kv_heads or c.n_heads
     parts = [
         f"d_model={c.d_model}",
@@ -62,7 +69,11 @@ def _flop_lines(a: Analysis) -> list[str]:
     for name, v in f.by_component().items():
         lines.append(f"  {name:<38}{human(v):>14}{v / f.forward:>8.1%}")
     lines.append(f"  {'forward (matmuls)':<38}{human(f.forward):>14}")
-    lines.append(f"  {'softmax (not in the total, estimate)':<38}{human(f.softmax):>14}")
+    if a.crossover is not None:
+        lines.append(f"  {'softmax (not in the total, estimate)':<38}{human(f.softmax):>14}")
+    for name, v in a.elementwise.items():
+        label = f"{name.replace('_', ' ')} (elementwise, not in it)"
+        lines.append(f"  {label:<38}{human(v):>14}")
     lines.append(f"  {'backward':<38}{human(f.backward):>14}")
     lines.append(f"  {'training step (forward + backward)':<38}{human(f.training):>14}")
     lines.append(
@@ -77,6 +88,8 @@ def _flop_lines(a: Analysis) -> list[str]:
     lines.append("Rules of thumb vs the exact training FLOPs")
     for ap in a.approximations:
         lines.append(f"  {ap.name:<36}{human(ap.flops):>14}  error {ap.relative_error:+.2%}")
+    if a.crossover is None:
+        return lines
     lines.append("")
     c, d = a.crossover, a.config.d_model
     lines.append("Crossover length (attention n²·d products = n·d² products)")
@@ -88,13 +101,17 @@ def _flop_lines(a: Analysis) -> list[str]:
 
 def _memory_lines(a: Analysis) -> list[str]:
     m = a.memory
-    lines = [f"Training memory ({a.dtype}, Adam, no checkpointing, math attention)"]
+    attention = ", math attention" if a.crossover is not None else ""
+    lines = [f"Training memory ({a.dtype}, Adam, no checkpointing{attention})"]
+    parts = {"attention scores": a.activations["attention_scores"]} if a.crossover else {}
+    if "scan_states" in a.activations:  # Mamba's (B, T, E, N) tensors
+        parts["scan states"] = a.activations["scan_states"]
     for label, v in (
         ("weights", m.weights),
         ("gradients", m.gradients),
         ("optimizer state", m.optimizer),
         ("activations", m.activations),
-        ("  of which attention scores", a.activations["attention_scores"]),
+        *((f"  of which {name}", part) for name, part in parts.items()),
         ("total", m.total),
     ):
         lines.append(f"  {label:<30}{human_bytes(v):>14}")
@@ -107,6 +124,17 @@ def _memory_lines(a: Analysis) -> list[str]:
         lines.append(
             f"  full context ({kv['context_len']} tokens x batch {a.flops.batch}{window}): "
             f"{human_bytes(kv['full_context'] or 0)}"
+        )
+    if a.state is not None:
+        st = a.state
+        lines.append("")
+        lines.append(f"Decoding state ({a.dtype}; the same at any context length)")
+        lines.append(f"  per sequence: {human_bytes(st['bytes_per_sequence'])}")
+        lines.append(f"  batch {st['batch']}:      {human_bytes(st['total'])}")
+        lines.append(
+            f"  a KV cache of the same d_model and n_layers: "
+            f"{human_bytes(st['kv_cache_per_token'])} per token, larger than the state from "
+            f"{st['kv_cache_larger_from']:,} token{'s' * (st['kv_cache_larger_from'] != 1)}"
         )
     return lines
 

@@ -6,6 +6,7 @@ Examples::
     attnlab analyze my_config.json --batch 8 --json
     attnlab analyze gpt2-small --sweep-seq-len --plot shares.png
     attnlab analyze gpt-char-baby --seq-len 64 --batch 8 --measure
+    attnlab analyze mamba-char-baby --seq-len 64 --batch 12     # also lstm-char-baby, ...
 
 A config file is JSON: a config as :func:`attnlab.config.config_to_dict` writes it (with its
 ``model_type``), ``{"config": {...}}`` (a checkpoint's ``config.json`` layout), or
@@ -28,8 +29,9 @@ from attnlab.analysis.measure import (
     mfu,
 )
 from attnlab.analysis.params import count_params
+from attnlab.analysis.recurrent import is_recurrent_config
 from attnlab.analysis.report import analyze, plot_sweep
-from attnlab.analysis.scaling import crossover, sweep_seq_len
+from attnlab.analysis.scaling import sweep_seq_len
 from attnlab.analysis.text import format_report, format_sweep, human
 from attnlab.cli.common import check_writable, guarded
 from attnlab.models.vit import ViTConfig
@@ -114,6 +116,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _measure(config: Any, args: argparse.Namespace, training_flops: int) -> dict[str, Any]:
     from attnlab.models import build_model
 
+    if is_recurrent_config(config):
+        why = (
+            "FlopCounterMode miscounts the depthwise convolution's backward"
+            if type(config).model_type == "mamba"
+            else "FlopCounterMode does not see the CPU LSTM's oneDNN kernel"
+        )
+        raise ValueError(
+            f"--measure cannot check {type(config).__name__}'s closed form: {why} (the tests "
+            "compare the two op by op); analyse it without --measure"
+        )
     n = count_params(config)
     if n > MEASURE_MAX_PARAMS:
         raise ValueError(
@@ -195,7 +207,7 @@ def _run(args: argparse.Namespace) -> int:
         text.append("\nFLOP shares by sequence length (forward matmuls)\n" + format_sweep(rows))
         if args.plot:
             path = plot_sweep(
-                rows, args.plot, title=f"{label}: where the FLOPs go", crossover=crossover(config)
+                rows, args.plot, title=f"{label}: where the FLOPs go", crossover=a.crossover
             )
             print(f"wrote {path}", file=sys.stderr)
     if args.json:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from attnlab.cli.common import check_device, fail, guarded
 from attnlab.cli.decoding import add_decoding_arguments, context_message, decoding_config, ids
@@ -154,6 +154,7 @@ def run_generate(args: argparse.Namespace) -> int:
     """``attnlab generate``: 0, or 2 with one ``error:`` line on bad input."""
     import attnlab
     from attnlab.generation import beam_search
+    from attnlab.generation.recurrent import is_recurrent
     from attnlab.generation.request import resolve_eos
 
     config, generator = decoding_config(args)
@@ -167,9 +168,10 @@ def run_generate(args: argparse.Namespace) -> int:
 
             _check_memory(resolve_model_directory(args.draft), device, prompts, config)
     model = attnlab.from_pretrained(directory, device=device)
-    if not isinstance(model, attnlab.GPT | attnlab.EncoderDecoderTransformer):
+    decoder_only = isinstance(model, attnlab.GPT) or is_recurrent(model)
+    if not decoder_only and not isinstance(model, attnlab.EncoderDecoderTransformer):
         fail(f"{args.model} holds a {type(model).__name__}, which does not generate")
-    eos = set(resolve_eos(model, config.eos_ids))
+    eos = set(resolve_eos(cast(Any, model), config.eos_ids))  # a model that generates
     source_eos = (
         model.config.eos_id if isinstance(model, attnlab.EncoderDecoderTransformer) else None
     )
@@ -194,7 +196,7 @@ def run_generate(args: argparse.Namespace) -> int:
             return 0
         one = len(prompts) == 1 and config.num_return_sequences == 1
         if tokenizer is not None and one and not args.no_stream:
-            echo = isinstance(model, attnlab.GPT)
+            echo = decoder_only
             _stream_text(model, tokenizer, prompts[0], config, generator, echo,
                          draft_options(args, draft))  # fmt: skip
             return 0

@@ -35,6 +35,7 @@ def run_sample(args: argparse.Namespace) -> int:
     """Print the prompt and its continuation."""
     import attnlab
     from attnlab.cli.generate import resolve
+    from attnlab.generation.recurrent import is_recurrent
 
     if not args.greedy and args.temperature is None and args.num_beams == 1:
         args.temperature = 0.8  # sampling by default
@@ -43,8 +44,11 @@ def run_sample(args: argparse.Namespace) -> int:
     if tokenizer is None:
         fail(f"{args.run} has no tokenizer.json: sample needs a language-model run")
     model = attnlab.from_pretrained(directory)
-    if not isinstance(model, attnlab.GPT):
-        fail(f"{args.run} holds a {type(model).__name__}, not a language model (GPT)")
+    if not isinstance(model, attnlab.GPT) and not is_recurrent(model):
+        fail(
+            f"{args.run} holds a {type(model).__name__}, not a language model "
+            "(GPT, Mamba, LSTM/GRU)"
+        )
     draft = load_draft(args, model, tokenizer, config, "cpu")  # --draft (speculative decoding)
     prompt = tokenizer.encode(args.prompt)
     if not prompt:

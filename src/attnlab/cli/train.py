@@ -2,6 +2,7 @@
 
     attnlab train reverse [--steps 1500 --d-model 64 ...]
     attnlab train shakespeare-char [--steps=2000 --lr=1e-3 --arch=modern ...] [--resume]
+    attnlab train shakespeare-char --arch mamba        # or lstm, gru: runs/shakespeare-char-ARCH
     attnlab train digits --model=cnn
     attnlab train translate --src de --tgt en --data DIR --out runs/de-en --max-minutes 90
 
@@ -36,7 +37,7 @@ import torch
 from attnlab.analysis.memory_check import IGNORE_FLAG, check_training_fits
 from attnlab.analysis.moe import active_params
 from attnlab.cli.common import fail, guarded
-from attnlab.cli.overrides import flag_message, help_table, key_types, parse_overrides
+from attnlab.cli.overrides import flag, flag_message, help_table, key_types, parse_overrides
 from attnlab.config import config_to_dict, field_hints
 from attnlab.training.config import TrainConfig
 from attnlab.training.distributed import (
@@ -126,6 +127,8 @@ def run_recipe(args: argparse.Namespace) -> int:
     start = time.monotonic()
     recipe = get_recipe(args.recipe)
     overrides = parse_overrides(list(args.overrides), recipe_types(recipe))
+    if not args.resume:  # a resumed run's model is the run's own (train_recipe checks it)
+        _check_variant_keys(recipe, overrides)
     out = _run_dir(args, recipe, overrides)
     command = "attnlab " + " ".join(sys.argv[1:]) if sys.argv else ""
     joined: list[Any] = []
@@ -152,6 +155,33 @@ def run_recipe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _given_options(recipe: Recipe, overrides: dict[str, Any]) -> Any:
+    """The recipe's options with the flags given (the defaults where they do not parse yet:
+    the recipe reports that when it is prepared)."""
+    options = recipe.options
+    given = {k: v for k, v in expand_aliases(recipe, overrides).items() if hasattr(options, k)}
+    with contextlib.suppress(TypeError, ValueError):
+        options = dataclasses.replace(options, **given)
+    return options
+
+
+def _check_variant_keys(recipe: Recipe, overrides: dict[str, Any]) -> None:
+    """Refuse a model flag of another variant (``--n-heads`` with ``--arch mamba``), naming the
+    model's own flags (the command line accepts every variant's flags)."""
+    if not recipe.variants:
+        return
+    options = _given_options(recipe, overrides)
+    keys = recipe.keys(options)
+    valid = set().union(*keys.values())
+    for key in expand_aliases(recipe, overrides):
+        name = key.rpartition(".")[2]
+        if name not in valid:
+            model = recipe.sections(options)["model"]
+            fields = ", ".join(sorted(flag(k) for k in keys["model"]))
+            fail(f"{flag(name)} is not an option of {type(model).__name__} (the model this "
+                 f"recipe builds with these options); its model options: {fields}")  # fmt: skip
+
+
 def _run_dir(args: argparse.Namespace, recipe: Recipe, overrides: dict[str, Any]) -> Path:
     if args.out is not None and args.name is not None:
         fail("pass --out DIR or --name NAME (under --runs-dir), not both")
@@ -162,19 +192,17 @@ def _run_dir(args: argparse.Namespace, recipe: Recipe, overrides: dict[str, Any]
         fail(f"--runs-dir {runs} is a file, not a directory")
     if args.name is not None:
         return runs / args.name
-    options = recipe.options
-    given = {k: v for k, v in expand_aliases(recipe, overrides).items() if hasattr(options, k)}
-    with contextlib.suppress(TypeError, ValueError):  # reported when the recipe is prepared
-        options = dataclasses.replace(options, **given)
-    return runs / recipe.default_run_name(options)
+    return runs / recipe.default_run_name(_given_options(recipe, overrides))
 
 
-def _check_memory(model_config: Any, train: TrainConfig, batch: int) -> None:
+def _check_memory(
+    model_config: Any, train: TrainConfig, batch: int, seq_len: int | None = None
+) -> None:
     """Refuse a run whose estimate exceeds the available memory: under torchrun each process
-    computes its slice of every micro-batch of ``batch`` sequences."""
+    computes its slice of every micro-batch of ``batch`` sequences of ``seq_len`` tokens."""
     world_size = _env_int("WORLD_SIZE", 1) if launched_by_torchrun() else 1
     train.per_rank_batch_size(world_size)  # raises when the world size does not divide it
-    check_training_fits(model_config, max(1, batch // world_size))
+    check_training_fits(model_config, max(1, batch // world_size), seq_len)
 
 
 def _budget(train: TrainConfig) -> str:

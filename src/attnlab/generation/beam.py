@@ -91,7 +91,7 @@ def beam_search(
     processors: Iterable[LogitsProcessor] = (),
     **options: Any,
 ) -> BeamSearchOutput:
-    """Beam search for a GPT or an encoder-decoder model (see the module docstring).
+    """Beam search for a GPT, a recurrent LM or an encoder-decoder model (see the module doc).
 
     Takes the :class:`~attnlab.generation.GenerationConfig` of
     :func:`~attnlab.generation.generate` (``num_beams`` K, default 4 here; ``length_penalty``

@@ -3,8 +3,9 @@
 "At each step the model is auto-regressive, consuming the previously generated symbols as
 additional input when generating the next" (§3). A *prefill* runs the whole prompt (decoder-only)
 or the encoder and BOS (encoder-decoder) once, filling the :class:`~attnlab.layers.KVCache`; then
-each step feeds the one new token per row. The next token is the arg-max (greedy) or a draw from
-``softmax`` of the processed logits (temperature, top-k, top-p, min-p:
+each step feeds the one new token per row (a recurrent model, Mamba or an LSTM/GRU, carries its
+constant-size state instead: :mod:`attnlab.generation.recurrent`). The next token is the arg-max
+(greedy) or a draw from ``softmax`` of the processed logits (temperature, top-k, top-p, min-p:
 :mod:`attnlab.generation.processors`), with an optional seeded ``torch.Generator``. A row stops at
 any of its EOS ids and is padded with ``pad_id`` after it; the loop stops when every row has.
 :func:`stream` yields each step as it is produced; :func:`generate` collects them, or runs
@@ -50,6 +51,8 @@ from attnlab.generation.speculative import (
     speculative_stream,
 )
 from attnlab.models.gpt import GPT
+from attnlab.models.mamba import MambaLM
+from attnlab.models.rnn import RNNLM
 from attnlab.models.transformer import EncoderDecoderTransformer
 from attnlab.transforms.decode_weights import decode_layout
 
@@ -148,9 +151,9 @@ def generate(
     """Generate up to ``max_new_tokens`` tokens after each prompt (or for each source).
 
     Args:
-        model: a :class:`~attnlab.GPT` (``input_ids`` are prompts) or an
-            :class:`~attnlab.EncoderDecoderTransformer` (``input_ids`` are sources; the target
-            starts from ``config.bos_id``).
+        model: a :class:`~attnlab.GPT` or a recurrent LM (``MambaLM``, ``RNNLM``:
+            ``input_ids`` are prompts) or an :class:`~attnlab.EncoderDecoderTransformer`
+            (``input_ids`` are sources; the target starts from ``config.bos_id``).
         input_ids: ``(B, T)`` or ``(T,)`` token ids, or a list of prompts of different lengths
             (1-D tensors or int lists), which are padded for you.
         config: a :class:`~attnlab.generation.GenerationConfig` (default: its defaults).
@@ -220,7 +223,7 @@ def _generate_method(
 
 # The Hugging Face-style convenience ``model.generate(...)``, attached here: the model files know
 # only their layers.
-for _cls in (GPT, EncoderDecoderTransformer):
+for _cls in (GPT, EncoderDecoderTransformer, MambaLM, RNNLM):
     setattr(_cls, "generate", _generate_method)  # noqa: B010
 
 

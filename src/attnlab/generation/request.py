@@ -10,6 +10,8 @@ Context length: ``config.max_seq_len``. A decoder-only prompt plus its new token
 must each fit. What happens otherwise is the generation config's ``context`` policy
 (:mod:`attnlab.generation.config`): slide a window (decoder-only), lower ``max_new_tokens``, or
 raise :class:`~attnlab.generation.config.ContextLengthError` saying by how much.
+Recurrent models (:func:`~attnlab.generation.recurrent.is_recurrent`: Mamba, LSTM/GRU) have no
+context limit: no policy applies to them.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from attnlab.generation.config import ContextLengthError, GenerationConfig
 from attnlab.generation.prompts import PromptInput, Prompts, pack_prompts
+from attnlab.generation.recurrent import RecurrentLM, RecurrentSession, is_recurrent
 from attnlab.generation.session import DecoderOnlySession, EncoderDecoderSession, Session
 from attnlab.models.gpt import GPT
 from attnlab.models.transformer import EncoderDecoderTransformer
@@ -57,7 +61,7 @@ class GenerationRequest:
             new tokens exceed it (``None``: everything fits).
     """
 
-    model: GenerativeModel
+    model: GenerativeModel | nn.Module  # nn.Module: a recurrent LM (is_recurrent)
     prompts: Prompts
     max_new_tokens: int
     eos: Tensor
@@ -75,7 +79,9 @@ def _model_device(model: nn.Module) -> torch.device:
     return param.device if param is not None else torch.device("cpu")
 
 
-def resolve_eos(model: GenerativeModel, eos_id: int | Sequence[int] | None) -> list[int]:
+def resolve_eos(
+    model: GenerativeModel | RecurrentLM, eos_id: int | Sequence[int] | None
+) -> list[int]:
     """``eos_id`` as a list: ``None`` -> the config's ``eos_id`` (none if unset); an empty
     sequence disables stopping."""
     if eos_id is None:
@@ -96,21 +102,20 @@ def prepare_request(
     """Validate a generation call and pack its prompts.
 
     Raises:
-        TypeError: for a model that is neither a :class:`GPT` nor an
-            :class:`EncoderDecoderTransformer`.
+        TypeError: for a model that is neither a :class:`GPT`, an
+            :class:`EncoderDecoderTransformer` nor a recurrent LM (``new_state``).
         ValueError: for empty prompts, ids outside the vocabulary, EOS/pad ids outside it.
         ContextLengthError: for prompts/new tokens that the context policy cannot fit.
     """
-    if not isinstance(model, (GPT, EncoderDecoderTransformer)):
+    recurrent = is_recurrent(model)
+    if not isinstance(model, (GPT, EncoderDecoderTransformer, RecurrentLM)):
         raise TypeError(
-            f"generation needs a GPT or an EncoderDecoderTransformer, got {type(model).__name__}"
+            "generation needs a GPT or an EncoderDecoderTransformer (or a recurrent LM: a "
+            f"model with new_state), got {type(model).__name__}"
         )
-    cfg = model.config
+    cfg: Any = model.config
     enc_dec = isinstance(model, EncoderDecoderTransformer)
-    if isinstance(model, EncoderDecoderTransformer):
-        vocab = model.config.target_vocab_size
-    else:
-        vocab = model.config.vocab_size
+    vocab = cfg.target_vocab_size if enc_dec else cfg.vocab_size
     eos, pad_id = _special_ids(model, config, vocab)
     in_vocab = cfg.vocab_size
     if (
@@ -129,7 +134,10 @@ def prepare_request(
         side="right" if enc_dec else "left",
         device=_model_device(model),
     )
-    max_new, window = _fit_context(prompts.width, config, cfg.max_seq_len, enc_dec)
+    if recurrent:  # a recurrent state has no length limit: nothing to fit
+        max_new, window = config.max_new_tokens, None
+    else:
+        max_new, window = _fit_context(prompts.width, config, cfg.max_seq_len, enc_dec)
     return GenerationRequest(
         model=model,
         prompts=prompts,
@@ -142,7 +150,7 @@ def prepare_request(
 
 
 def _special_ids(
-    model: GenerativeModel, config: GenerationConfig, vocab: int
+    model: GenerativeModel | RecurrentLM, config: GenerationConfig, vocab: int
 ) -> tuple[list[int], int]:
     """The EOS ids and the pad id of a call (the config's, else the model's), checked against
     the output vocabulary."""
@@ -198,6 +206,10 @@ def open_session(request: GenerationRequest, *, use_cache: bool = True) -> Sessi
     model = request.model
     if isinstance(model, EncoderDecoderTransformer):
         return EncoderDecoderSession(model, request.prompts, request.max_new_tokens, use_cache)
+    if is_recurrent(model):
+        return RecurrentSession(model, request.prompts, request.max_new_tokens, use_cache)
+    if not isinstance(model, GPT):  # prepare_request admits nothing else
+        raise TypeError(f"no decoding session for {type(model).__name__}")
     return DecoderOnlySession(
         model, request.prompts, request.max_new_tokens, use_cache, window=request.window
     )

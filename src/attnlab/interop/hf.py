@@ -30,6 +30,7 @@ from attnlab.interop.hf_bert import FAMILY as BERT
 from attnlab.interop.hf_bloom import FAMILY as BLOOM
 from attnlab.interop.hf_gpt2 import FAMILY as GPT2
 from attnlab.interop.hf_llama import FAMILY as LLAMA
+from attnlab.interop.hf_mamba import FAMILY as MAMBA
 from attnlab.interop.hf_marian import FAMILY as MARIAN
 from attnlab.interop.hf_mixtral import FAMILY as MIXTRAL
 from attnlab.interop.hf_qwen2_moe import FAMILY as QWEN2_MOE
@@ -48,7 +49,7 @@ BIN_NAME = "pytorch_model.bin"
 BIN_INDEX = "pytorch_model.bin.index.json"
 
 HF_FAMILIES: Registry[HFFamily] = Registry("Hugging Face model_type")
-for _family in (BERT, GPT2, LLAMA, BLOOM, VIT, MARIAN, MIXTRAL, QWEN2_MOE):
+for _family in (BERT, GPT2, LLAMA, BLOOM, VIT, MARIAN, MIXTRAL, QWEN2_MOE, MAMBA):
     for _model_type in _family.model_types:
         HF_FAMILIES.add(_model_type, _family)
 

@@ -14,12 +14,14 @@ import torch
 from torch import nn
 
 from attnlab.config import config_from_dict
-from attnlab.models import bert, cct, gpt, resnet, transformer, vit
+from attnlab.models import bert, cct, gpt, mamba, resnet, rnn, transformer, vit
 from attnlab.models.bert import BERT, BERTConfig, BERTOutput, mask_tokens, mask_tokens_for
 from attnlab.models.cct import CCT, CCTConfig
 from attnlab.models.cnn import CNNClassifier, CNNConfig
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.models.mamba import MambaConfig, MambaLM
 from attnlab.models.resnet import ResNet, ResNetConfig
+from attnlab.models.rnn import RNNLM, RNNConfig
 from attnlab.models.transformer import (
     Decoder,
     Encoder,
@@ -37,9 +39,11 @@ MODEL_TYPES.add("vit", (ViTConfig, ViT))
 MODEL_TYPES.add("cnn", (CNNConfig, CNNClassifier))
 MODEL_TYPES.add("cct", (CCTConfig, CCT))
 MODEL_TYPES.add("resnet", (ResNetConfig, ResNet))
+MODEL_TYPES.add("mamba", (MambaConfig, MambaLM))
+MODEL_TYPES.add("rnn", (RNNConfig, RNNLM))
 
 PRESETS: dict[str, Any] = {**transformer.PRESETS}
-for _module in (gpt, bert, vit, cct, resnet):
+for _module in (gpt, bert, vit, cct, resnet, mamba, rnn):
     _clash = sorted(set(PRESETS) & set(_module.PRESETS))
     if _clash:
         raise ValueError(f"preset names defined twice: {_clash}")
@@ -125,6 +129,7 @@ __all__ = [
     "GPT",
     "MODEL_TYPES",
     "PRESETS",
+    "RNNLM",
     "BERTConfig",
     "BERTOutput",
     "CCTConfig",
@@ -134,6 +139,9 @@ __all__ = [
     "Encoder",
     "EncoderDecoderTransformer",
     "GPTConfig",
+    "MambaConfig",
+    "MambaLM",
+    "RNNConfig",
     "ResNet",
     "ResNetConfig",
     "TransformerConfig",

@@ -4,7 +4,9 @@ Weight decay (decoupled, AdamW) shrinks weights toward 0. It is meant for the ma
 linear maps; decaying a norm's gain pulls it toward 0 instead of its natural 1, decaying a bias
 has no regularising purpose, and decaying embedding rows penalises rare tokens that are seldom
 updated. So by default only parameters with two or more dimensions that are not embeddings are
-decayed; ``decay_norms_and_biases`` / ``decay_embeddings`` opt in.
+decayed; ``decay_norms_and_biases`` / ``decay_embeddings`` opt in. A parameter marked
+``_no_weight_decay = True`` (Mamba's ``A_log`` and ``D``, as the reference marks them: log decay
+rates, not weight matrices) is treated like a bias.
 
 Embeddings are recognised by module type (``nn.Embedding``, :class:`TokenEmbedding`,
 :class:`LearnedPositionalEmbedding`) and by the ``cls_token`` parameter name (ViT). Tied weights
@@ -48,7 +50,7 @@ def classify_parameters(model: nn.Module) -> dict[str, str]:
                 kinds[name] = "embedding"
             elif isinstance(module, _NORMS):
                 kinds[name] = "norm"
-            elif p.ndim < 2:
+            elif p.ndim < 2 or getattr(p, "_no_weight_decay", False):
                 kinds[name] = "bias"
             else:
                 kinds[name] = "weight"

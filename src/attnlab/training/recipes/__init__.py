@@ -7,13 +7,14 @@ directory (:mod:`attnlab.training.rundir`):
 - ``shakespeare-char``, ``shakespeare-mlm`` (:mod:`~attnlab.training.recipes.text`);
 - ``digits`` (:mod:`~attnlab.training.recipes.images`);
 - ``cifar10`` (:mod:`~attnlab.training.recipes.cifar10`): ResNet, ViT or CCT on CIFAR-10;
+- ``recall`` (:mod:`~attnlab.training.recipes.recall`): long-range recall for any family;
 - ``translate`` (:mod:`~attnlab.training.recipes.translation`): Multi30k, the paper's task.
 
 :func:`prepare` makes one concrete (with ``--key=value`` overrides), :func:`load_run` rebuilds a
 trained run; a new task is a new module here registering a :class:`Recipe` in :data:`RECIPES`.
 """
 
-from attnlab.training.recipes import cifar10, images, reverse, text, translation
+from attnlab.training.recipes import cifar10, images, recall, reverse, text, translation
 from attnlab.training.recipes.base import (
     RECIPES,
     Data,
@@ -36,6 +37,7 @@ __all__ = [
     "images",
     "load_run",
     "prepare",
+    "recall",
     "reverse",
     "save_run_files",
     "text",

@@ -73,6 +73,8 @@ class Recipe:
             tokenizer, a task's sequence length).
         memory_batch: ``(options, train) -> sequences`` of the largest micro-batch, for the
             memory check (default ``train.batch_size``; translation sizes batches in tokens).
+        memory_seq_len: ``(options, model config) -> tokens`` per sequence for the memory
+            check, or ``None`` for the model's context (a model without one needs it).
         model_transform: ``(options, model) -> model``, applied to the built model (before a
             checkpoint's weights are loaded): transforms from outside such as a memory layout
             or float32 attention under autocast.
@@ -94,6 +96,7 @@ class Recipe:
     aliases: Mapping[str, Alias] = field(default_factory=dict)
     derived: tuple[str, ...] = ("vocab_size",)
     memory_batch: Callable[[Any, TrainConfig], int] = lambda o, t: t.batch_size
+    memory_seq_len: Callable[[Any, Any], int | None] = lambda o, m: None
     model_transform: Callable[[Any, nn.Module], nn.Module] = lambda o, m: m
     variants: tuple[Any, ...] = ()
 
@@ -228,15 +231,16 @@ def prepare(
     recipe: str | Recipe,
     overrides: Mapping[str, Any] | None = None,
     *,
-    check: Callable[[Any, TrainConfig, int], None] | None = None,
+    check: Callable[[Any, TrainConfig, int, int | None], None] | None = None,
     tokenizer: Tokenizer | None = None,
 ) -> Prepared:
     """Build the data, model and train config of ``recipe`` with ``overrides`` applied.
 
     The model is initialised under ``torch.manual_seed(train.seed)``. ``check(model_config,
-    train, batch)`` (the command line's memory check, ``batch`` the sequences of the largest
-    micro-batch) runs before any data is read (on the model config the options imply) and
-    again before the model is built (with the data's vocabulary); what it raises propagates.
+    train, batch, seq_len)`` (the command line's memory check, ``batch`` the sequences of the
+    largest micro-batch, ``seq_len`` their tokens or ``None`` for the model's context) runs before
+    any data is read (on the model config the options imply) and again before the model is built
+    (with the data's vocabulary); what it raises propagates.
     ``tokenizer``: use this one instead of making one (a resumed run's own).
 
     Raises:
@@ -257,12 +261,14 @@ def prepare(
     train = dataclasses.replace(r.train, **routed["train"])
     if check is not None:  # before the data: a config that cannot fit stops here
         provisional = dataclasses.replace(r.model_config(options, None), **routed["model"])
-        check(provisional, train, r.memory_batch(options, train))
+        batch = r.memory_batch(options, train)
+        check(provisional, train, batch, r.memory_seq_len(options, provisional))
     data = r.data(options, tokenizer, train)
     model_config = _model_config(r, options, data, routed["model"])
     train = r.adjust(options, train, model_config, set(routed["train"]))
     if check is not None:
-        check(model_config, train, r.memory_batch(options, train))
+        batch = r.memory_batch(options, train)
+        check(model_config, train, batch, r.memory_seq_len(options, model_config))
     model = r.model_transform(options, _build(model_config, seed=train.seed))
     objective = r.objective(options, model_config, data, train)
     return Prepared(r, model, objective, train, options, model_config, data,

@@ -85,7 +85,7 @@ def train_recipe(
     *,
     resume: bool = False,
     overwrite: bool = False,
-    check: Callable[[Any, TrainConfig, int], None] | None = None,
+    check: Callable[[Any, TrainConfig, int, int | None], None] | None = None,
     distributed: DistributedContext | Callable[[], DistributedContext] | None = None,
     command: str = "",
     on_start: Callable[[Prepared, RunDir], None] | None = None,
@@ -97,8 +97,8 @@ def train_recipe(
             name is in two sections; the recipe's older names are accepted).
         resume: continue the run in ``out`` (none yet: start one).
         overwrite: replace a run already in ``out``.
-        check: ``(model config, train config, batch)`` before the data is read and the model
-            built (a memory check; see :func:`prepare`).
+        check: ``(model config, train config, batch, seq_len)`` before the data is read and
+            the model built (a memory check; see :func:`prepare`).
         distributed: the processes, or a function joining them, called once the recipe is
             prepared (so that a memory check refuses before any process group is joined);
             default: the initialised process group's, else one process.

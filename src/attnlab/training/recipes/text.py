@@ -3,7 +3,12 @@
 - ``shakespeare-char``: nanoGPT's "baby GPT" CPU setting (4 layers, 4 heads, d_model 128,
   context 64, batch 12, dropout 0, 2000 iterations, AdamW lr 1e-3 with 100 warmup steps and
   cosine decay to 1e-4). ``arch=modern`` swaps in RoPE, SwiGLU (d_ff 346, the same parameter
-  count) and RMSNorm, still pre-norm.
+  count) and RMSNorm, still pre-norm. ``arch=mamba``, ``lstm``, ``gru``: the families before and
+  after attention at the same parameter count (``mamba-char-baby``, ``lstm-char-baby``,
+  ``gru-char-baby``: 825k, 792k, 781k against the GPT's 804k at 65 characters), same data,
+  objective and training; they have no context length, so they train on blocks of
+  ``block_size`` (default 64, the GPT's context) and their runs go to
+  ``runs/shakespeare-char-ARCH``.
 - ``shakespeare-mlm``: a BERT masked LM on the same characters (plus [PAD], [CLS], [SEP],
   [MASK]), BERT's 15% / 80-10-10 masking rule; the metric is masked-token accuracy.
 
@@ -21,6 +26,8 @@ from typing import Any, Literal
 from attnlab.config import Config, check_positive, check_probability
 from attnlab.models.bert import BERTConfig
 from attnlab.models.gpt import GPTConfig
+from attnlab.models.mamba import PRESETS as MAMBA_PRESETS
+from attnlab.models.rnn import PRESETS as RNN_PRESETS
 from attnlab.tokenizers import BERT_SPECIALS, BPETokenizer, CharTokenizer, Tokenizer
 from attnlab.training.config import TrainConfig
 from attnlab.training.data import TokenStream, load_text
@@ -29,20 +36,64 @@ from attnlab.training.recipes.base import RECIPES, Data, Recipe
 
 
 @dataclass(frozen=True, kw_only=True)
-class TextOptions(Config):
-    """Data and architecture choices of the Shakespeare recipes."""
+class TextData(Config):
+    """The text and its tokenizer (the fields every Shakespeare recipe shares)."""
 
     data: str | None = None  # a text file; None: Tiny Shakespeare from the data folders
     tokenizer: Literal["char", "bpe"] = "char"
     bpe_vocab_size: int = 512
     val_fraction: float = 0.1  # the last 10% is the validation split (nanoGPT's)
-    arch: Literal["classic", "modern"] = "classic"  # modern: RoPE + SwiGLU + RMSNorm
 
     def validate(self) -> None:
         super().validate()
         check_positive(bpe_vocab_size=self.bpe_vocab_size)
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextOptions(TextData):
+    """Data and architecture choices of the Shakespeare recipes."""
+
+    arch: Literal["classic", "modern"] = "classic"  # modern: RoPE + SwiGLU + RMSNorm
+
+
+# The families without attention, at the baby GPT's size: arch -> its preset.
+RECURRENT_ARCHS: dict[str, Any] = {
+    "mamba": MAMBA_PRESETS["mamba-char-baby"],
+    "lstm": RNN_PRESETS["lstm-char-baby"],
+    "gru": RNN_PRESETS["gru-char-baby"],
+}
+RECURRENT_BLOCK_SIZE = 64  # the baby GPT's context
+
+
+@dataclass(frozen=True, kw_only=True)
+class CharLMOptions(TextData):
+    """``shakespeare-char``'s options: the data, and the families before and after attention
+    as architectures besides the two GPTs (see the module docstring)."""
+
+    arch: Literal["classic", "modern", "mamba", "lstm", "gru"] = "classic"
+    block_size: int | None = None  # training length; None: the GPT's max_seq_len, 64 otherwise
+
+    def validate(self) -> None:
+        super().validate()
+        check_positive(block_size=self.block_size)
+
+
+def block_size(options: Any, config: Any) -> int:
+    """The length of the training blocks: ``options.block_size``, else the model's
+    ``max_seq_len`` (a GPT) or :data:`RECURRENT_BLOCK_SIZE` (a model without a context).
+
+    Raises:
+        ValueError: for a block longer than a GPT's ``max_seq_len``.
+    """
+    context = getattr(config, "max_seq_len", None)
+    size = getattr(options, "block_size", None)
+    if size is None:
+        return int(context) if context is not None else RECURRENT_BLOCK_SIZE
+    if context is not None and size > context:
+        raise ValueError(f"block_size={size} is longer than the model's max_seq_len={context}")
+    return int(size)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,9 +107,7 @@ class MLMOptions(TextOptions):
         check_probability(mask_prob=self.mask_prob)
 
 
-def _text_data(
-    options: TextOptions, tokenizer: Tokenizer | None, specials: tuple[str, ...]
-) -> Data:
+def _text_data(options: TextData, tokenizer: Tokenizer | None, specials: tuple[str, ...]) -> Data:
     text, source = load_text(options.data)
     if not text:
         raise ValueError(f"{source} is empty: a language model needs text to learn from")
@@ -87,6 +136,25 @@ def _gpt_config(options: Any, data: Data | None) -> GPTConfig:
     return base
 
 
+def arch_config(arch: str, vocab_size: int) -> Any:
+    """The model config of ``shakespeare-char``'s architecture ``arch`` (``classic``,
+    ``modern``, ``mamba``, ``lstm``, ``gru``) with ``vocab_size`` tokens (the GPTs' context: 64).
+
+    Raises:
+        ValueError: for an unknown ``arch``.
+    """
+    recurrent = RECURRENT_ARCHS.get(arch)
+    if recurrent is not None:
+        return dataclasses.replace(recurrent, vocab_size=vocab_size)
+    options = CharLMOptions(arch=arch)  # type: ignore[arg-type]  # checks the name
+    return dataclasses.replace(_gpt_config(options, None), vocab_size=vocab_size)
+
+
+def _char_lm_config(options: Any, data: Data | None) -> Any:
+    vocab = data.tokenizer.vocab_size if data is not None and data.tokenizer else 65
+    return arch_config(options.arch, vocab)
+
+
 def _bert_config(options: Any, data: Data | None) -> BERTConfig:
     vocab = data.tokenizer.vocab_size if data is not None and data.tokenizer else 69
     base = BERTConfig(
@@ -102,7 +170,7 @@ def _bert_config(options: Any, data: Data | None) -> BERTConfig:
 
 
 def _lm_objective(options: Any, config: Any, data: Data, train: TrainConfig) -> Objective:
-    return CausalLMObjective(data.value, block_size=config.max_seq_len)
+    return CausalLMObjective(data.value, block_size=block_size(options, config))
 
 
 def _mlm_objective(options: Any, config: Any, data: Data, train: TrainConfig) -> Objective:
@@ -121,8 +189,14 @@ LM_TRAIN = TrainConfig(
 
 SHAKESPEARE_CHAR = Recipe(
     "shakespeare-char",
-    "character-level GPT on Tiny Shakespeare (nanoGPT's baby-GPT CPU setting)",
-    TextOptions(), LM_TRAIN, _gpt_config, lambda o, t, _: _text_data(o, t, ()), _lm_objective,
+    "character-level GPT on Tiny Shakespeare (nanoGPT's baby-GPT CPU setting); "
+    "--arch mamba, lstm or gru for the families before and after attention",
+    CharLMOptions(), LM_TRAIN, _char_lm_config, lambda o, t, _: _text_data(o, t, ()),
+    _lm_objective,
+    run_name=lambda o: "shakespeare-char" + (f"-{o.arch}" if o.arch in RECURRENT_ARCHS else ""),
+    derived=("vocab_size", "cell"),  # the arch says which cell
+    variants=(CharLMOptions(arch="mamba"), CharLMOptions(arch="lstm")),  # gru: lstm's fields
+    memory_seq_len=block_size,
 )  # fmt: skip
 SHAKESPEARE_MLM = Recipe(
     "shakespeare-mlm",
@@ -133,4 +207,14 @@ SHAKESPEARE_MLM = Recipe(
 for _recipe in (SHAKESPEARE_CHAR, SHAKESPEARE_MLM):
     RECIPES.add(_recipe.name, _recipe)
 
-__all__ = ["LM_TRAIN", "MLMOptions", "TextOptions"]
+__all__ = [
+    "LM_TRAIN",
+    "RECURRENT_ARCHS",
+    "RECURRENT_BLOCK_SIZE",
+    "CharLMOptions",
+    "MLMOptions",
+    "TextData",
+    "TextOptions",
+    "arch_config",
+    "block_size",
+]

@@ -1,0 +1,201 @@
+"""The recurrent baseline: a character-level LSTM or GRU language model (the model attention
+replaced; char-rnn's shape: embedding, a stacked ``torch.nn.LSTM``/``nn.GRU``, a linear head).
+
+The cell is PyTorch's (Hochreiter & Schmidhuber 1997; Cho et al. 2014): the point of this model
+is the comparison with attention and Mamba, not a hand-written cell. It has the interface of
+every attnlab LM: ``forward(ids, targets=, state=) -> (logits, loss)``, and for decoding
+:meth:`RNNLM.new_state` makes an :class:`RNNState` (``h``, and ``c`` for the LSTM: constant size
+per row) that ``forward`` continues and updates in place. No positions, no context limit.
+
+The head is tied to the embedding (``tie_output``) when the hidden size equals the embedding
+size (``d_hidden`` ``None`` or ``d_model``).
+
+Shapes: B batch, T tokens, E d_model (embedding), H d_hidden, L n_layers, V vocabulary.
+
+Deviations: none; PyTorch's default cell init (uniform ±1/sqrt(H)), embeddings N(0, init_std).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.config import Config, check_positive, check_probability
+from attnlab.layers.embedding import TokenEmbedding, tie_weights
+from attnlab.models.common import check_token_ids
+
+CELLS = ("lstm", "gru")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RNNConfig(Config):
+    """Hyper-parameters of an LSTM/GRU LM (defaults: char-rnn's 2-layer LSTM at the baby GPT's
+    parameter count). Field types are checked by :class:`~attnlab.config.Config`."""
+
+    model_type: ClassVar[str] = "rnn"
+
+    cell: Literal["lstm", "gru"] = "lstm"
+    vocab_size: int = 256
+    d_model: int = 220  # the embedding size (and the hidden size unless d_hidden says otherwise)
+    d_hidden: int | None = None  # None: d_model
+    n_layers: int = 2
+    dropout: float = 0.0  # on the embeddings, between layers, and before the head
+    bias: bool = True  # the cells' biases
+    tie_output: bool = True  # needs d_hidden == d_model
+    init_std: float = 0.02  # embeddings
+    ignore_index: int = -100
+    pad_id: int | None = None
+    bos_id: int | None = None
+    eos_id: int | None = None
+
+    def validate(self) -> None:
+        """Sizes, the dropout rate, tying and the special ids.
+
+        Raises:
+            ValueError: naming the bad value.
+        """
+        super().validate()
+        check_positive(
+            vocab_size=self.vocab_size, d_model=self.d_model, d_hidden=self.d_hidden,
+            n_layers=self.n_layers, init_std=self.init_std,
+        )  # fmt: skip
+        check_probability(dropout=self.dropout)
+        if self.tie_output and self.hidden_size != self.d_model:
+            raise ValueError(
+                f"tie_output needs d_hidden == d_model, got d_hidden={self.d_hidden}, "
+                f"d_model={self.d_model} (set tie_output=False)"
+            )
+        check_token_ids(self, ("pad_id", "bos_id", "eos_id"), self.vocab_size)
+
+    @property
+    def hidden_size(self) -> int:
+        """H: ``d_hidden``, or ``d_model`` when unset."""
+        return self.d_model if self.d_hidden is None else self.d_hidden
+
+
+class RNNState:
+    """Decoding state of an :class:`RNNLM`: ``h`` ``(L, B, H)`` and, for the LSTM, ``c``.
+
+    Args:
+        h, c: as ``torch.nn.LSTM``/``nn.GRU`` take them (``c`` ``None`` for the GRU).
+    """
+
+    def __init__(self, h: Tensor, c: Tensor | None = None) -> None:
+        self.h, self.c = h, c
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.h.shape[1])
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep/reorder/repeat batch rows ``index`` ``(B',)`` (beam search, several samples)."""
+        self.h = self.h.index_select(1, index)
+        if self.c is not None:
+            self.c = self.c.index_select(1, index)
+
+    @classmethod
+    def cat(cls, states: Sequence[RNNState]) -> RNNState:
+        """The rows of ``states`` stacked in order.
+
+        Raises:
+            ValueError: for no states.
+        """
+        if not states:
+            raise ValueError("cat needs one or more states")
+        c = None if states[0].c is None else torch.cat([s.c for s in states if s.c is not None], 1)
+        return cls(torch.cat([s.h for s in states], 1), c)
+
+    def nbytes(self) -> int:
+        """Bytes held (the same for any number of tokens consumed)."""
+        return sum(t.numel() * t.element_size() for t in (self.h, self.c) if t is not None)
+
+
+class RNNLM(nn.Module):
+    """LSTM/GRU language model: ``forward(ids, targets=, state=) -> (logits, loss)``."""
+
+    def __init__(self, config: RNNConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        self.tok_embed = TokenEmbedding(c.vocab_size, c.d_model, scale=False)
+        nn.init.normal_(self.tok_embed.weight, std=c.init_std)
+        cell = nn.LSTM if c.cell == "lstm" else nn.GRU
+        self.rnn = cell(
+            c.d_model,
+            c.hidden_size,
+            num_layers=c.n_layers,
+            bias=c.bias,
+            batch_first=True,
+            dropout=c.dropout if c.n_layers > 1 else 0.0,
+        )
+        self.dropout = nn.Dropout(c.dropout)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        if c.tie_output:
+            tie_weights(self.lm_head, self.tok_embed)
+
+    def new_state(self, batch: int, *, device: torch.device | str | None = None) -> RNNState:
+        """A zero decoding state for ``batch`` sequences (constant size)."""
+        w = self.tok_embed.weight
+        shape = (self.config.n_layers, batch, self.config.hidden_size)
+        dev = torch.device(device) if device is not None else w.device
+        h = torch.zeros(shape, device=dev, dtype=w.dtype)
+        return RNNState(h, torch.zeros_like(h) if self.config.cell == "lstm" else None)
+
+    def hidden_states(self, ids: Tensor, *, state: RNNState | None = None) -> Tensor:
+        """The top layer's outputs ``(B, T, H)``; arguments as :meth:`forward`."""
+        if ids.dim() != 2:
+            raise ValueError(f"ids must be (B, T) token ids, got shape {tuple(ids.shape)}")
+        if state is not None and state.batch_size != ids.shape[0]:
+            raise ValueError(f"state holds {state.batch_size} rows, ids has {ids.shape[0]}")
+        x = self.dropout(self.tok_embed(ids))  # (B, T, E)
+        if state is None:
+            out, _ = self.rnn(x)  # (B, T, H)
+        elif state.c is not None:
+            out, (state.h, state.c) = self.rnn(x, (state.h, state.c))
+        else:
+            out, state.h = self.rnn(x, state.h)
+        return out
+
+    def forward(
+        self, ids: Tensor, *, targets: Tensor | None = None, state: RNNState | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """Next-token logits (and the loss).
+
+        Args:
+            ids: token ids ``(B, T)``; with a ``state``, the tokens after those it has seen.
+            targets: ``(B, T)`` the next token at each position; ``config.ignore_index`` skipped.
+            state: an :class:`RNNState` from :meth:`new_state`, updated in place.
+
+        Returns:
+            ``(logits (B, T, V), mean token cross-entropy or None)``.
+
+        Raises:
+            ValueError: for ids outside the vocabulary, a state of another batch size, or
+                targets of another shape.
+        """
+        logits = self.lm_head(self.dropout(self.hidden_states(ids, state=state)))  # (B, T, V)
+        loss = None
+        if targets is not None:
+            if targets.shape != ids.shape:
+                raise ValueError(
+                    f"targets must match ids {tuple(ids.shape)}, got {tuple(targets.shape)}"
+                )
+            loss = F.cross_entropy(
+                logits.flatten(0, 1).float(),
+                targets.flatten(),
+                ignore_index=self.config.ignore_index,
+            )
+        return logits, loss
+
+
+PRESETS: dict[str, RNNConfig] = {
+    # char-rnn's 2-layer shape at the baby GPT's size: 834,240 parameters with vocab 256
+    # (gpt-char-baby: 834,304), 792,220 at the Shakespeare recipe's vocab 65 (GPT: 804,096).
+    "lstm-char-baby": RNNConfig(cell="lstm", d_model=220),
+    "gru-char-baby": RNNConfig(cell="gru", d_model=252),  # 829,584 (vocab 256), 781,452 (65)
+    "lstm-tiny": RNNConfig(cell="lstm", d_model=32, vocab_size=64),
+}
