@@ -247,6 +247,11 @@ def quantize(
 ) -> nn.Module:
     """Quantize ``model``'s linear layers in place (weight-only) and return it.
 
+    Quantizing takes one pass over the weights (a few seconds for GPT-2 small). A model that has
+    already decoded keeps float32 decode copies of its old layers
+    (:mod:`attnlab.generation.layout`) until :func:`~attnlab.generation.layout.release_copies`
+    or until it is deleted: release them to get the memory back.
+
     Args:
         model: a float32 model (any ``nn.Module`` holding ``nn.Linear`` layers).
         format: ``"int8"`` (per-output-channel scales) or ``"int4"`` (per-group scales and zeros).
