@@ -180,6 +180,16 @@ def test_unsupported_group_size_uses_the_reference_path() -> None:
         assert torch.equal(layer(x), F.linear(x, layer.dequantize(), layer.bias))
 
 
+def test_empty_int4_layer_packs_when_codes_arrive() -> None:
+    source = Int4Linear.from_linear(_linear(16, 64), group_size=32)
+    empty = Int4Linear(64, 16, bias=True, group_size=32)  # how loading builds it
+    x = torch.randn(2, 64)
+    assert not empty.uses_kernel(x)  # nothing packed yet: the reference path
+    empty.load_state_dict(source.state_dict())
+    with torch.inference_mode():
+        assert empty.uses_kernel(x) and torch.equal(empty(x), source(x))
+
+
 def test_grad_mode_and_input_gradients() -> None:
     layer = Int8Linear.from_linear(_linear(8, 32), activation_dtype="float32")
     x = torch.randn(3, 32)

@@ -193,7 +193,8 @@ def load_quantized(
             f"not rebuild the same way (differing: {missing[:5]})"
         )
     model.load_state_dict(_read_tensors(weights), strict=True)
-    return model.to(device).eval()
+    model = model.to(device)
+    return model.eval()
 
 
 def _side_files(directory: Path) -> list[Path]:

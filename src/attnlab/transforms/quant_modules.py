@@ -85,6 +85,10 @@ class QuantizedLinear(nn.Module):
         """(Re)make the kernel operands from the stored codes and scales."""
         raise NotImplementedError
 
+    def kernel_ready(self) -> bool:
+        """Whether the kernel operands have been made (see :meth:`prepare_kernel`)."""
+        return True
+
     # -- shared -------------------------------------------------------------------------------
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
         super()._load_from_state_dict(*args, **kwargs)
@@ -94,6 +98,7 @@ class QuantizedLinear(nn.Module):
         """Whether ``forward(x)`` runs the packed kernel (else the reference path)."""
         return (
             self.kernel != REFERENCE
+            and self.kernel_ready()
             and x.device.type == "cpu"
             and self.qweight.device.type == "cpu"
             and not (torch.is_grad_enabled() and x.requires_grad)
@@ -274,7 +279,7 @@ class Int4Linear(QuantizedLinear):
         self.register_buffer("kernel_scale_and_zero", torch.zeros(0), persistent=False)
         supported = qf.int4_kernel_supports(group_size, in_features)
         self.kernel = "aten._weight_int4pack_mm_for_cpu" if supported else REFERENCE
-        self.prepare_kernel()
+        # packed when codes arrive (set_codes, load_state_dict): until then the reference path
 
     @classmethod
     def from_linear(
@@ -310,6 +315,9 @@ class Int4Linear(QuantizedLinear):
         if bias is not None:
             self.bias = bias.to(torch.float32).clone()
         self.prepare_kernel(q)
+
+    def kernel_ready(self) -> bool:
+        return self.packed.numel() > 0
 
     def codes(self) -> Tensor:
         """The int4 codes ``(N, K)`` uint8 in [0, 15]."""
