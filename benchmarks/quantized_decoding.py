@@ -232,13 +232,12 @@ def _agreement(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
 
 def kernel_table(shapes: list[tuple[int, int]], rows: list[int], reps: int) -> list[dict[str, Any]]:
     """µs per call (median of ``reps`` interleaved calls) of each path for each weight shape."""
-    from attnlab.layers.linear import DecodeWeight, Linear
-    from attnlab.transforms import Int4Linear, Int8Linear
+    from attnlab.transforms import DecodeWeight, Int4Linear, Int8Linear
 
     table = []
     for n_out, n_in in shapes:
         torch.manual_seed(0)
-        lin = Linear(n_in, n_out, bias=False)
+        lin = nn.Linear(n_in, n_out, bias=False)
         nn.init.normal_(lin.weight, std=0.02)
         g = 128 if n_in % 128 == 0 else 32
         paths: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], int]] = {

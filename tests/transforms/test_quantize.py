@@ -31,19 +31,19 @@ from torch import Tensor, nn
 
 import attnlab
 from attnlab import GPT, EncoderDecoderTransformer, GPTConfig, TransformerConfig
-from attnlab.generation.layout import _decoder_parts, copy_numel
 from attnlab.transforms import (
     Int4Linear,
     Int8Linear,
     QuantizedEmbedding,
     QuantizedLinear,
+    copy_numel,
     load_quantized,
     quantize,
-    quantize_model_dir,
     quantized_weight_bytes,
     save_quantized,
 )
 from attnlab.transforms import quant_formats as qf
+from attnlab.transforms.decode_weights import _decoder_parts
 from attnlab.transforms.quant_modules import REFERENCE
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -326,23 +326,6 @@ def test_save_load_round_trip_is_bitwise(
     assert record["version"] == 1 and record["config"]["format"] == fmt
     if options.get("include_embedding"):
         assert loaded.tok_embed.table is loaded.lm_head  # the tie survives the file
-
-
-def test_quantize_model_dir_keeps_side_files(tmp_path: Path) -> None:
-    src, dst = tmp_path / "src", tmp_path / "dst"
-    model = _gpt()
-    attnlab.save_pretrained(model, src)
-    (src / "tokenizer.json").write_text('{"tok": 1}')
-    quantize_model_dir(src, dst, "int8", include_lm_head=True)
-    assert (dst / "tokenizer.json").read_text() == '{"tok": 1}'
-    assert json.loads((dst / "config.json").read_text()) == json.loads(
-        (src / "config.json").read_text()
-    )
-    expected = quantize(attnlab.from_pretrained(src), "int8", include_lm_head=True)
-    with torch.inference_mode():
-        assert torch.equal(attnlab.from_pretrained(dst)(_ids())[0], expected(_ids())[0])
-    with pytest.raises(ValueError, match="source directory"):
-        quantize_model_dir(src, src, "int8")
 
 
 def test_saved_int4_does_not_depend_on_the_cpu_kernel_layout(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
-"""Quantized model directories: :func:`save_quantized`, :func:`load_quantized`,
-:func:`quantize_model_dir`.
+"""Quantized model directories: :func:`save_quantized`, :func:`load_quantized`.
 
-A quantized model directory is an attnlab model directory plus one file:
+A quantized model directory is an attnlab model directory plus one file, so
+:func:`attnlab.from_pretrained` (and with it every command that takes a model directory) loads
+it, and :func:`attnlab.save_pretrained` of a quantized model writes it:
 
 - ``config.json``: the model config exactly as attnlab writes it
   (:func:`attnlab.config.config_to_dict`, with its ``model_type``);
@@ -11,44 +12,41 @@ A quantized model directory is an attnlab model directory plus one file:
   ``NAME.qweight`` (int8 ``(N, K)``, or int4 codes in the canonical nibble layout
   ``(N, ceil(K/2))`` uint8), ``NAME.scales``, int4's ``NAME.zeros`` and ``NAME.bias``; every
   other tensor as it is. A tensor shared by several names (a tied head and embedding) is stored
-  once; the safetensors metadata maps each dropped name to the stored one (as
-  :mod:`attnlab.training.checkpoint` does).
+  once; the safetensors metadata maps each dropped name to the stored one.
 
 The int4 kernel's own packing depends on the CPU (see :mod:`attnlab.transforms.quant_formats`),
-so it is never stored: :func:`load_quantized` makes it again from the codes. Loading builds the
-model from its config, applies the recorded quantization structure with empty quantized layers,
-and loads the tensors: the result computes bitwise what the saved model computed.
+so it is never stored: loading makes it again from the codes. Loading first rebuilds the
+quantized structure on the ``meta`` device (nothing allocated) and compares every tensor name,
+shape and dtype with the safetensors header (no tensor data read), so an edited ``config.json``
+or a foreign file is refused with the differences named before a model is built; then it
+builds the model from its config, applies the recorded structure with empty quantized layers and
+loads the tensors: the result computes bitwise what the saved model computed.
 
-Files are replaced atomically (each written to a temporary file in the directory, fsync-ed, then
-moved into place once all are complete).
+The three files are written with :func:`attnlab.io.write_files_together` (all complete before
+any replaces an old one).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from attnlab.config import config_to_dict
+from attnlab.io import json_text, read_json, write_files_together
 from attnlab.models import build_model, config_from_json_dict
-from attnlab.transforms.quantize import QuantizationConfig, apply_quantization, quantize
+from attnlab.transforms.quant_modules import QuantizedLinear
+from attnlab.transforms.quantize import QuantizationConfig, apply_quantization
 
-CONFIG_NAME = "config.json"
+CONFIG_NAME = "config.json"  # the same names as attnlab.pretrained's model directory
 WEIGHTS_NAME = "model.safetensors"
 QUANTIZATION_NAME = "quantization.json"
 FORMAT_VERSION = 1
-# weight files of a source directory that a quantized copy replaces (never copied along)
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack")
 TENSORS_DOC = {
     "int8": "NAME.qweight int8 (N, K), NAME.scales float32 (N,): W = qweight * scales[:, None]",
     "int4": (
@@ -58,26 +56,12 @@ TENSORS_DOC = {
     ),
     "bias": "NAME.bias float32 (N,), added after the product",
 }
-
-
-def _write_together(directory: Path, writers: dict[str, Callable[[str], None]]) -> None:
-    """Write every ``writers[name](tmp)`` to a temporary file, then move them all into place."""
-    temps: dict[str, str] = {}
-    try:
-        for name, write in writers.items():
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-            os.close(fd)
-            temps[name] = tmp
-            write(tmp)
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-    except BaseException:
-        for tmp in temps.values():
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        raise
-    for name, tmp in temps.items():
-        os.replace(tmp, directory / name)
+# safetensors' dtype names (the header) of the dtypes a quantized state dict holds
+_DTYPE_NAMES = {
+    torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+    torch.int8: "I8", torch.uint8: "U8", torch.int32: "I32", torch.int64: "I64",
+    torch.bool: "BOOL",
+}  # fmt: skip
 
 
 def _unique_tensors(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, str]]:
@@ -96,7 +80,10 @@ def _unique_tensors(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, str]
 
 def save_quantized(model: nn.Module, path: str | os.PathLike[str]) -> Path:
     """Write a quantized model (from :func:`~attnlab.transforms.quantize.quantize`) to the
-    directory ``path`` (created if missing; its three files replaced atomically).
+    directory ``path`` (created if missing; its three files replaced together).
+
+    Returns:
+        The directory.
 
     Raises:
         ValueError: if ``model`` has no ``config`` or was not quantized.
@@ -107,14 +94,13 @@ def save_quantized(model: nn.Module, path: str | os.PathLike[str]) -> Path:
         raise ValueError(f"{type(model).__name__} has no .config; cannot write config.json")
     if not isinstance(qconfig, QuantizationConfig):
         raise ValueError(f"{type(model).__name__} is not quantized (no quantization_config)")
-    directory = Path(path)
-    directory.mkdir(parents=True, exist_ok=True)
     tensors, aliases = _unique_tensors(model)
-    config_text = json.dumps(config_to_dict(config), indent=2) + "\n"
+    tensors = {k: v.cpu() for k, v in tensors.items()}
+    config_text = json_text(config_to_dict(config))
     record = {"version": FORMAT_VERSION, "config": qconfig.to_dict(), "tensors": TENSORS_DOC}
-    quant_text = json.dumps(record, indent=2) + "\n"
+    quant_text = json_text(record)
 
-    def text(value: str) -> Callable[[str], None]:
+    def text(value: str) -> Any:
         def write(tmp: str) -> None:
             Path(tmp).write_text(value, encoding="utf-8")
 
@@ -123,9 +109,29 @@ def save_quantized(model: nn.Module, path: str | os.PathLike[str]) -> Path:
     def weights(tmp: str) -> None:
         save_file(tensors, tmp, metadata={"format": "pt", **aliases})
 
-    writers = {WEIGHTS_NAME: weights, CONFIG_NAME: text(config_text)}
-    _write_together(directory, {**writers, QUANTIZATION_NAME: text(quant_text)})
+    directory = Path(path)
+    write_files_together(
+        directory,
+        {
+            WEIGHTS_NAME: weights,
+            CONFIG_NAME: text(config_text),
+            QUANTIZATION_NAME: text(quant_text),
+        },
+    )
     return directory
+
+
+def quantized_float_tensors(model: nn.Module) -> list[tuple[str, Tensor]]:
+    """``(name, tensor)`` of the float tensors the quantized layers store (scales, zeros,
+    biases: buffers, not parameters), e.g. for a NaN/inf check of a loaded model."""
+    out = []
+    for prefix, module in model.named_modules():
+        if isinstance(module, QuantizedLinear):
+            for name in ("scales", "zeros", "bias"):
+                t = getattr(module, name, None)
+                if isinstance(t, Tensor) and t.is_floating_point():
+                    out.append((f"{prefix}.{name}" if prefix else name, t))
+    return out
 
 
 def is_quantized_dir(path: str | os.PathLike[str]) -> bool:
@@ -138,28 +144,107 @@ def read_quantization_config(path: str | os.PathLike[str]) -> QuantizationConfig
 
     Raises:
         FileNotFoundError: without ``quantization.json``.
-        ValueError: for invalid JSON, another format version, or bad values.
+        ValueError: for invalid JSON, another format version, or bad values (naming the file).
     """
     file = Path(path) / QUANTIZATION_NAME
+    data = read_json(file, what="quantization record", expect=dict)
+    if data.get("version") != FORMAT_VERSION:
+        raise ValueError(f"{file}: version {data.get('version')!r} is not {FORMAT_VERSION}")
+    config = data.get("config")
+    if not isinstance(config, dict):
+        raise ValueError(f"{file}: 'config' must be a JSON object, got {type(config).__name__}")
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{file} is not valid JSON: {e}") from None
-    if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
-        version = data.get("version") if isinstance(data, dict) else None
-        raise ValueError(f"{file}: version {version!r} is not {FORMAT_VERSION}")
-    return QuantizationConfig.from_dict(data.get("config", {}))
+        return QuantizationConfig.from_dict(config)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{file}: {e}") from None
+
+
+def quantized_structure(
+    config: Any, qconfig: QuantizationConfig, *, device: torch.device | str = "cpu"
+) -> nn.Module:
+    """The model ``config`` builds, with ``qconfig``'s quantized layers left empty (to be
+    filled by ``load_state_dict``). On ``"meta"`` nothing is allocated (for checks and memory
+    estimates).
+
+    Raises:
+        ValueError: if ``qconfig.modules`` are not the modules this structure quantizes.
+    """
+    with torch.device(device):  # the quantized layers' buffers are made there too
+        model = build_model(config, device=device)
+        apply_quantization(model, qconfig, empty=True)
+    rebuilt: QuantizationConfig = getattr(model, "quantization_config")  # noqa: B009
+    if qconfig.modules and rebuilt.modules != qconfig.modules:
+        differing = sorted(set(qconfig.modules) ^ set(rebuilt.modules))
+        raise ValueError(
+            "the recorded quantized modules are not the ones this model rebuilds "
+            f"(differing: {differing[:5]})"
+        )
+    return model
+
+
+def _header(file: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]], dict[str, str]]:
+    """``{name: (dtype, shape)}`` and the metadata of a safetensors file (no data read)."""
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            entries = {
+                k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape()))
+                for k in f.keys()  # noqa: SIM118 (safe_open is not a mapping)
+            }
+            return entries, dict(f.metadata() or {})
+    except SafetensorError as e:
+        raise ValueError(f"{file} is not a readable safetensors file: {e}") from None
+
+
+def check_tensors(file: str | os.PathLike[str], model: nn.Module) -> None:
+    """Check that the safetensors ``file`` holds exactly ``model``'s state dict (names,
+    aliases, shapes and dtypes; ``model`` may be on ``meta``).
+
+    Raises:
+        ValueError: naming the missing, unexpected or mismatched tensors.
+    """
+    path = Path(file)
+    entries, metadata = _header(path)
+    expected = {k: (t.dtype, tuple(t.shape)) for k, t in model.state_dict().items()}
+    problems = []
+    for name, (dtype, shape) in expected.items():
+        stored = name if name in entries else metadata.get(name)
+        if stored not in entries:
+            problems.append(f"{name} missing")
+            continue
+        found = entries[stored]
+        want = (_DTYPE_NAMES.get(dtype, str(dtype)), shape)
+        if found != want:
+            problems.append(
+                f"{name} is {found[0]} {list(found[1])}, expected {want[0]} {list(shape)}"
+            )
+    problems += [f"{k} unexpected" for k in entries if k not in expected]
+    if problems:
+        more = f" (and {len(problems) - 4} more)" if len(problems) > 4 else ""
+        raise ValueError(
+            f"{path} does not hold the quantized model its config and {QUANTIZATION_NAME} "
+            f"describe: {'; '.join(problems[:4])}{more}"
+        )
 
 
 def _read_tensors(file: Path) -> dict[str, Tensor]:
     """The tensors of ``file`` with every alias of the metadata added back (same tensor)."""
     tensors = load_file(str(file))
-    with safe_open(str(file), framework="pt") as f:
-        metadata: dict[str, Any] = f.metadata() or {}
+    _, metadata = _header(file)
     for name, stored in metadata.items():
         if stored in tensors and name not in tensors:
             tensors[name] = tensors[stored]
     return tensors
+
+
+def load_config_of(path: str | os.PathLike[str]) -> Any:
+    """The model config in the ``config.json`` of ``path``.
+
+    Raises:
+        FileNotFoundError, ValueError, TypeError: as :func:`attnlab.io.read_json` and
+            :func:`attnlab.models.config_from_json_dict`.
+    """
+    data = read_json(Path(path) / CONFIG_NAME, what="model config", expect=dict)
+    return config_from_json_dict(data)
 
 
 def load_quantized(
@@ -169,96 +254,34 @@ def load_quantized(
 
     Raises:
         FileNotFoundError: for a missing ``config.json``, ``quantization.json`` or weights.
-        ValueError: for a bad config, or a recorded structure that this attnlab does not
-            rebuild the same way (module names differ).
-        RuntimeError: if the tensors do not match the rebuilt model (``load_state_dict``).
+        ValueError: for a bad config or quantization record, or tensors that do not match the
+            structure they describe (checked on the header before anything is built).
     """
     directory = Path(path)
     weights = directory / WEIGHTS_NAME
     if not weights.is_file():
         raise FileNotFoundError(f"no {WEIGHTS_NAME} in {directory}")
     qconfig = read_quantization_config(directory)
-    config_file = directory / CONFIG_NAME
+    config = load_config_of(directory)
     try:
-        data = json.loads(config_file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{config_file} is not valid JSON: {e}") from None
-    model = build_model(config_from_json_dict(data))
-    apply_quantization(model, qconfig, empty=True)
-    rebuilt: QuantizationConfig = getattr(model, "quantization_config")  # noqa: B009
-    if rebuilt.modules != qconfig.modules:
-        missing = sorted(set(qconfig.modules) ^ set(rebuilt.modules))
-        raise ValueError(
-            f"{directory / QUANTIZATION_NAME} records quantized modules that this model does "
-            f"not rebuild the same way (differing: {missing[:5]})"
-        )
+        meta = quantized_structure(config, qconfig, device="meta")
+    except ValueError as e:
+        raise ValueError(f"{directory / QUANTIZATION_NAME}: {e}") from None
+    check_tensors(weights, meta)
+    model = quantized_structure(config, qconfig)
     model.load_state_dict(_read_tensors(weights), strict=True)
     model = model.to(device)
     return model.eval()
 
 
-def _side_files(directory: Path) -> list[Path]:
-    """The files of ``directory`` to keep beside quantized weights (tokenizer, ...)."""
-    own = {CONFIG_NAME, QUANTIZATION_NAME}
-    return [
-        f
-        for f in sorted(directory.iterdir())
-        if f.is_file()
-        and f.name not in own
-        and not f.name.endswith(_WEIGHT_SUFFIXES)
-        and not f.name.endswith(".index.json")
-        and not f.name.startswith(".")
-    ]
-
-
-def quantize_model_dir(
-    src_dir: str | os.PathLike[str],
-    dst_dir: str | os.PathLike[str],
-    format: str,
-    *,
-    group_size: int = 128,
-    include_lm_head: bool = False,
-    include_embedding: bool = False,
-    activation_dtype: str = "bfloat16",
-) -> Path:
-    """Load ``src_dir`` (anything :func:`attnlab.from_pretrained` loads), quantize it and write
-    a quantized model directory ``dst_dir``, copying the side files (``tokenizer.json``,
-    ``translation.json``, ...; not weights or configs). For ``attnlab quantize``.
-
-    Args: as :func:`~attnlab.transforms.quantize.quantize`.
-
-    Returns:
-        ``dst_dir``.
-
-    Raises:
-        ValueError: if ``dst_dir`` is ``src_dir``, or as ``from_pretrained`` and ``quantize``.
-        FileNotFoundError: as ``from_pretrained``.
-    """
-    from attnlab.hub import from_pretrained  # the model-directory reader (same floor)
-
-    src, dst = Path(src_dir), Path(dst_dir)
-    if dst.exists() and src.exists() and dst.resolve() == src.resolve():
-        raise ValueError(f"dst_dir={str(dst)!r} is the source directory; choose another")
-    model = from_pretrained(src)
-    quantize(
-        model,
-        format,
-        group_size=group_size,
-        include_lm_head=include_lm_head,
-        include_embedding=include_embedding,
-        activation_dtype=activation_dtype,
-    )
-    save_quantized(model, dst)
-    for file in _side_files(src):
-        shutil.copy2(file, dst / file.name)
-    return dst
-
-
 __all__ = [
     "QUANTIZATION_NAME",
+    "check_tensors",
     "is_quantized_dir",
+    "load_config_of",
     "load_quantized",
-    "quantize_model_dir",
+    "quantized_float_tensors",
+    "quantized_structure",
     "read_quantization_config",
     "save_quantized",
 ]

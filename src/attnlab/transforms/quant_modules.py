@@ -6,7 +6,7 @@ kernel for it (``kernel``), or with the readable reference path, ``F.linear(x, d
 in float32, when the kernel is missing, does not take the shape, the input is off the CPU, or a
 gradient with respect to the input is wanted. They are deliberately *not* ``nn.Linear``
 subclasses: code that special-cases ``nn.Linear`` (initialisation, the decode-time weight copies
-of :mod:`attnlab.generation.layout`) leaves them alone.
+of :mod:`attnlab.transforms.decode_weights`) leaves them alone.
 
 State dict (what is saved): ``qweight`` (int8 ``(N, K)``, or int4 codes in the canonical nibble
 layout ``(N, ceil(K/2))`` uint8), ``scales`` (``(N,)`` or ``(N, G)`` float32), int4 ``zeros``

@@ -2,11 +2,11 @@
 
 Decoding one token streams every weight from memory once, so on a CPU the bytes per weight set
 the speed (the "floor": weight bytes / memory bandwidth). :func:`quantize` swaps every
-``nn.Linear`` (attnlab's :class:`~attnlab.layers.linear.Linear` included) for an
-:class:`~attnlab.transforms.quant_modules.Int8Linear` (1 byte per weight + a scale per output
-channel) or :class:`~attnlab.transforms.quant_modules.Int4Linear` (half a byte + a scale and a
-zero per group of inputs), as gpt-fast and llama.cpp do; the layers themselves keep no
-quantization code. Formats, kernels and their shape limits: :mod:`attnlab.transforms.quant_formats`.
+``nn.Linear`` for an :class:`~attnlab.transforms.quant_modules.Int8Linear` (1 byte per weight +
+a scale per output channel) or :class:`~attnlab.transforms.quant_modules.Int4Linear` (half a
+byte + a scale and a zero per group of inputs), as gpt-fast and llama.cpp do; the layers
+themselves keep no quantization code. Formats, kernels and their shape limits:
+:mod:`attnlab.transforms.quant_formats`.
 
 The LM head and the token embedding are kept in float32 unless asked for. A head *tied* to the
 token embedding (GPT, the paper's §3.4 sharing) is handled as follows:
@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from attnlab.layers.embedding import TokenEmbedding
 from attnlab.transforms import quant_formats as qf
+from attnlab.transforms.decode_weights import release_copies
 from attnlab.transforms.quant_embedding import QuantizedEmbedding
 from attnlab.transforms.quant_modules import (
     ActivationDtype,
@@ -215,6 +216,7 @@ def apply_quantization(model: nn.Module, config: QuantizationConfig, *, empty: b
         for head, emb, head_name, emb_name in plan.ties
         if (head in plan.linears) != (emb in plan.embeddings)
     ]
+    release_copies(model)  # decode copies of the float layers replaced below
     for key, (_, lin) in plan.linears.items():
         _replace_all(model, lin, made[key])
     for key, (_, emb) in plan.embeddings.items():
@@ -247,10 +249,9 @@ def quantize(
 ) -> nn.Module:
     """Quantize ``model``'s linear layers in place (weight-only) and return it.
 
-    Quantizing takes one pass over the weights (a few seconds for GPT-2 small). A model that has
-    already decoded keeps float32 decode copies of its old layers
-    (:mod:`attnlab.generation.layout`) until :func:`~attnlab.generation.layout.release_copies`
-    or until it is deleted: release them to get the memory back.
+    Quantizing takes one pass over the weights (a few seconds for GPT-2 small). The float32
+    decode copies a model kept from earlier decoding (:mod:`attnlab.transforms.decode_weights`)
+    are released: they copy layers that are gone.
 
     Args:
         model: a float32 model (any ``nn.Module`` holding ``nn.Linear`` layers).
