@@ -5,14 +5,16 @@ For each weight variant (``fp32``, ``int8``, ``int4``, ``int8+head``, ...; the n
 :func:`attnlab.quantize`:
 
 - a character-level GPT run directory (``attnlab train shakespeare-char``, loaded with
-  :func:`attnlab.training.recipes.load_run`): the validation loss and accuracy exactly as the
-  trainer measures them (same batches: the run's seed, batch size and ``eval_batches``), and
+  :func:`attnlab.training.load_run`): the validation loss and accuracy exactly as the trainer
+  measures them (:meth:`attnlab.training.Trainer.evaluate`: the run's seed, batch size and
+  ``eval_batches``), and
   the greedy-token agreement with fp32: ``--prompts`` validation blocks of ``--prompt-len``
   characters, ``--new-tokens`` greedy characters each, the fraction of positions equal to
   fp32's, and the mean number of leading characters equal (one early difference changes all
   the text after it, so both are shown);
-- a translation model directory (``attnlab train translate``, loaded with
-  :func:`attnlab.translation.evaluate.load_translator`): sacreBLEU on a test split (beam 4,
+- a translation run or model directory (``attnlab train translate``, loaded with
+  :func:`attnlab.training.recipes.translation.load_translator`: a run's ``averaged/``, else
+  ``best/``, else ``last/`` model, as ``attnlab translate``): sacreBLEU on a test split (beam 4,
   α 0.6 by default, as ``attnlab translate``), and the greedy agreement with fp32 over the
   first ``--agreement-sentences`` sources (tokens up to the end of sentence, and whole
   translations identical).
@@ -22,6 +24,7 @@ as it is. Results: ``benchmarks/results/quantized_quality.{md,json}``.
 
     python benchmarks/quantized_quality.py --lm-run runs/shakespeare-char \
         --mt-model runs/de-en [--variants fp32,int8,int4,int8+head,int4+head,int8-f32act]
+    python benchmarks/quantized_quality.py --smoke   # trains two tiny runs first; /tmp results
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -65,34 +69,18 @@ def _agreement(ours: list[list[int]], ref: list[list[int]]) -> dict[str, float]:
 # -- language model ----------------------------------------------------------------------------
 
 
-@torch.inference_mode()
-def lm_val_loss(model: nn.Module, prepared: Any) -> dict[str, float]:
-    """Validation loss and accuracy as :meth:`attnlab.training.trainer.Trainer.evaluate`."""
-    from attnlab.training.trainer import EVAL_SEED_OFFSET
-
-    train = prepared.train
-    generator = torch.Generator().manual_seed(train.seed + EVAL_SEED_OFFSET)
-    loss_sum, count, correct = 0.0, 0, 0
-    model.eval()
-    for _ in range(train.eval_batches):
-        batch = prepared.objective.batch("val", train.batch_size, generator)
-        terms = prepared.objective.loss(model, batch, label_smoothing=0.0)
-        loss_sum, count = loss_sum + float(terms.loss_sum), count + terms.count
-        correct += terms.correct
-    return {"val_loss": loss_sum / max(count, 1), "val_accuracy": correct / max(count, 1)}
-
-
 def lm_prompts(prepared: Any, n: int, length: int) -> Tensor:
     """``n`` validation blocks of ``length`` tokens (a fixed generator)."""
     generator = torch.Generator().manual_seed(12345)
-    x, _ = prepared.objective.batch("val", n, generator)
+    x, _ = prepared.objective.sample("val", n, generator)
     return x[:, :length]  # (n, length)
 
 
 def lm_quality(args: argparse.Namespace) -> dict[str, Any]:
-    from attnlab.training.recipes import load_run
+    from attnlab.training import Trainer, load_run
 
     prepared = load_run(args.lm_run)
+    trainer = Trainer(prepared.model, prepared.objective, prepared.train)  # its val batches
     fp32 = prepared.model.eval()
     block = fp32.config.max_seq_len
     prompt_len = min(args.prompt_len, block // 2)  # a short context: half prompt, half new
@@ -103,7 +91,8 @@ def lm_quality(args: argparse.Namespace) -> dict[str, Any]:
     for name in args.variants.split(","):
         start = time.perf_counter()
         model = quantized_copy(fp32, name, args.group_size)
-        row: dict[str, Any] = lm_val_loss(model, prepared)
+        with torch.inference_mode():
+            row: dict[str, Any] = trainer.evaluate(model=model)
         out = attnlab.generate(model, prompts, max_new_tokens=new, eos_id=())  # (n, new)
         tokens = out.tolist()
         if name == "fp32":
@@ -116,7 +105,7 @@ def lm_quality(args: argparse.Namespace) -> dict[str, Any]:
     _deltas(rows, "val_loss")
     info = {
         "run": str(args.lm_run),
-        "checkpoint": prepared.extra.get("checkpoint"),
+        "checkpoint": str(prepared.checkpoint),
         "params": sum(p.numel() for p in fp32.parameters()),
         "eval_batches": prepared.train.eval_batches,
         "batch_size": prepared.train.batch_size,
@@ -133,20 +122,25 @@ def lm_quality(args: argparse.Namespace) -> dict[str, Any]:
 @torch.inference_mode()
 def greedy_ids(model: nn.Module, sources: list[list[int]], eos: int, batch: int) -> list[list[int]]:
     """Greedy translations as token ids, cut after the end of sentence."""
+    from attnlab.translation.evaluate import EXTRA_OUTPUT_TOKENS
+
     out: list[list[int]] = []
     limit = model.config.max_seq_len
     for start in range(0, len(sources), batch):
         chunk = sources[start : start + batch]
         longest = max(len(s) for s in chunk)
-        new = attnlab.generate(model, chunk, max_new_tokens=min(limit, longest + 50))
+        new = attnlab.generate(
+            model, chunk, max_new_tokens=min(limit, longest + EXTRA_OUTPUT_TOKENS)
+        )  # as attnlab.translation.translate
         for row in new.tolist():
             out.append(row[: row.index(eos) + 1] if eos in row else row)
     return out
 
 
 def mt_quality(args: argparse.Namespace) -> dict[str, Any]:
+    from attnlab.training.recipes.translation import load_translator
     from attnlab.translation.data import load_pairs
-    from attnlab.translation.evaluate import load_translator, score_bleu, translate
+    from attnlab.translation.evaluate import score_bleu, translate
 
     t = load_translator(args.mt_model)
     data = args.data or t.info.get("data")
@@ -249,6 +243,38 @@ def format_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+SMOKE_LM = [
+    "train", "shakespeare-char", "--steps", "20", "--warmup", "5", "--d-model", "64",
+    "--n-layers", "2", "--d-ff", "256", "--eval-every", "20", "--eval-batches", "2",
+    "--no-progress",
+]  # fmt: skip
+SMOKE_MT = [
+    "train", "translate", "--max-steps", "10", "--train-limit", "1000", "--vocab-size", "500",
+    "--eval-every", "10", "--save-every", "10", "--eval-bleu-sentences", "0", "--d-model", "64",
+    "--n-layers", "1", "--n-heads", "4", "--d-ff", "128", "--no-progress",
+]  # fmt: skip
+
+
+def smoke(args: argparse.Namespace) -> None:
+    """Tiny runs (trained here, in a temporary directory, unless given) and tiny sizes."""
+    from attnlab.cli import main as attnlab_main
+
+    tmp = Path(tempfile.mkdtemp(prefix="quantized-quality-"))
+    if args.lm_run is None:
+        args.lm_run = tmp / "lm"
+        if attnlab_main([*SMOKE_LM, "--out", str(args.lm_run)]):
+            raise SystemExit("smoke: training the tiny language model failed")
+    if args.mt_model is None:
+        args.mt_model = tmp / "mt"
+        extra = ["--data", args.data] if args.data else []
+        if attnlab_main([*SMOKE_MT, *extra, "--out", str(args.mt_model)]):
+            raise SystemExit("smoke: training the tiny translation model failed")
+    args.group_size, args.prompts, args.prompt_len, args.new_tokens = 32, 4, 16, 16
+    args.bleu_sentences, args.agreement_sentences, args.beam = 20, 10, 2
+    if args.json == str(RESULTS / "quantized_quality.json"):
+        args.json = str(Path(tempfile.gettempdir()) / "quantized_quality_smoke.json")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--lm-run", type=Path, help="a shakespeare-char run directory")
@@ -267,7 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", default=str(RESULTS / "quantized_quality.json"))
     parser.add_argument("--markdown", default=None, help="default: the --json path, .md")
+    parser.add_argument("--smoke", action="store_true", help="tiny runs and sizes; /tmp results")
     args = parser.parse_args(argv)
+    if args.smoke:
+        smoke(args)
     if args.lm_run is None and args.mt_model is None:
         parser.error("give --lm-run and/or --mt-model")
     for name in args.variants.split(","):

@@ -29,7 +29,12 @@ from attnlab.transforms.decode_weights import (
     reordering_available,
 )
 from attnlab.transforms.precision import Float32Attention, float32_attention
-from attnlab.transforms.quant_bytes import WeightBytes, quantized_weight_bytes
+from attnlab.transforms.quant_bytes import (
+    QuantizedFootprint,
+    WeightBytes,
+    quantized_footprint,
+    quantized_weight_bytes,
+)
 from attnlab.transforms.quant_embedding import QuantizedEmbedding
 from attnlab.transforms.quant_io import (
     QUANTIZATION_NAME,
@@ -39,7 +44,12 @@ from attnlab.transforms.quant_io import (
     save_quantized,
 )
 from attnlab.transforms.quant_modules import Int4Linear, Int8Linear, QuantizedLinear
-from attnlab.transforms.quantize import FORMATS, QuantizationConfig, quantize
+from attnlab.transforms.quantize import (
+    FORMATS,
+    QuantizationConfig,
+    fitting_group_size,
+    quantize,
+)
 
 __all__ = [
     "FORMATS",
@@ -52,14 +62,17 @@ __all__ = [
     "Int8Linear",
     "QuantizationConfig",
     "QuantizedEmbedding",
+    "QuantizedFootprint",
     "QuantizedLinear",
     "WeightBytes",
     "copy_numel",
     "decode_layout",
     "float32_attention",
+    "fitting_group_size",
     "is_quantized_dir",
     "load_quantized",
     "quantize",
+    "quantized_footprint",
     "quantized_weight_bytes",
     "read_quantization_config",
     "release_copies",

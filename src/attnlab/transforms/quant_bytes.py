@@ -6,17 +6,24 @@ once per step; token and position tables are only indexed (a few rows), so they 
 unless a linear reads them too (a tied LM head). Quantized layers count what their active path
 reads: the kernel operands (int8 codes + bfloat16 scales; int4's packed codes + bfloat16 scales
 and zeros), or the stored tensors when they run the reference path.
+
+:func:`quantized_footprint` estimates the memory of a quantized model from its configs alone (the
+structure built on the ``meta`` device: nothing allocated), for the memory check of
+``attnlab generate`` before a quantized model is loaded or a float one quantized.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor, nn
 
 from attnlab.layers.embedding import TokenEmbedding
 from attnlab.layers.positional import PositionalEncoding
+from attnlab.transforms.decode_weights import copy_numel
 from attnlab.transforms.quant_embedding import QuantizedEmbedding
+from attnlab.transforms.quant_io import quantized_structure
 from attnlab.transforms.quant_modules import QuantizedLinear
 
 
@@ -80,4 +87,38 @@ def quantized_weight_bytes(model: nn.Module) -> WeightBytes:
     return WeightBytes(stored, kernel, per_token)
 
 
-__all__ = ["WeightBytes", "quantized_weight_bytes"]
+@dataclass(frozen=True)
+class QuantizedFootprint:
+    """Memory of a quantized model, in bytes (``decode_copy_numel``: elements).
+
+    ``stored``: its state dict (each shared tensor once); ``kernel_copies``: the kernel
+    operands made beside it on the CPU; ``decode_copy_numel``: the float32 weights that
+    decoding still copies (:func:`attnlab.transforms.decode_weights.copy_numel`: the layers
+    left unquantized, e.g. the LM head by default).
+    """
+
+    stored: int
+    kernel_copies: int
+    decode_copy_numel: int
+
+    @property
+    def weights(self) -> int:
+        return self.stored + self.kernel_copies
+
+
+def quantized_footprint(config: Any, qconfig: Any) -> QuantizedFootprint:
+    """The :class:`QuantizedFootprint` of the model ``config`` builds, quantized as ``qconfig``
+    (a :class:`~attnlab.transforms.quantize.QuantizationConfig`), computed on ``meta``.
+
+    Raises:
+        ValueError: as :func:`~attnlab.transforms.quantize.quantize` for options that do not
+            fit the model.
+    """
+    model = quantized_structure(config, qconfig, device="meta")
+    sizes = quantized_weight_bytes(model)
+    linears = [m for m in model.modules() if isinstance(m, QuantizedLinear)]  # each once
+    kernel = sum(m.kernel_copy_bytes() for m in linears)
+    return QuantizedFootprint(sizes.total_stored, kernel, copy_numel(model))
+
+
+__all__ = ["QuantizedFootprint", "WeightBytes", "quantized_footprint", "quantized_weight_bytes"]

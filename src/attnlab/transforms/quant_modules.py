@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.transforms import quant_formats as qf
+import attnlab.transforms.quant_formats as qf
 
 ActivationDtype = Literal["bfloat16", "float32"]
 ACTIVATION_DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -137,6 +137,11 @@ class QuantizedLinear(nn.Module):
         stored tensors for the reference path."""
         return self.stored_tensors()
 
+    def kernel_copy_bytes(self) -> int:
+        """Bytes of the kernel operands :meth:`prepare_kernel` makes beside the stored tensors
+        (computed from the sizes, so it holds on ``meta`` and before the codes arrive)."""
+        raise NotImplementedError
+
     def weight_bytes(self, *, stored: bool = True) -> int:
         """Bytes of :meth:`stored_tensors` (``stored``) or of :meth:`read_tensors`."""
         tensors = self.stored_tensors() if stored else self.read_tensors()
@@ -220,6 +225,12 @@ class Int8Linear(QuantizedLinear):
 
     def prepare_kernel(self) -> None:
         self.kernel_scales = self.scales.to(ACTIVATION_DTYPES[self.activation_dtype])
+
+    def kernel_copy_bytes(self) -> int:
+        """The scales in the activation dtype ``(N,)`` (float32: the stored ones, no copy)."""
+        if self.activation_dtype == "float32":
+            return 0
+        return self.out_features * ACTIVATION_DTYPES[self.activation_dtype].itemsize
 
     def dequantize(self) -> Tensor:
         return qf.dequantize_int8(self.qweight, self.scales)
@@ -318,6 +329,15 @@ class Int4Linear(QuantizedLinear):
 
     def kernel_ready(self) -> bool:
         return self.packed.numel() > 0
+
+    def kernel_copy_bytes(self) -> int:
+        """The packed codes ``(N_pad, K/2)`` uint8 and ``scale_and_zero`` ``(G, N_pad, 2)`` in
+        the activation dtype (none for the reference path)."""
+        if self.kernel == REFERENCE:
+            return 0
+        n_pad, groups = qf.padded_rows(self.out_features), self.in_features // self.group_size
+        itemsize = ACTIVATION_DTYPES[self.activation_dtype].itemsize
+        return n_pad * self.in_features // 2 + groups * n_pad * 2 * itemsize
 
     def codes(self) -> Tensor:
         """The int4 codes ``(N, K)`` uint8 in [0, 15]."""

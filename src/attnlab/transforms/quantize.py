@@ -26,13 +26,14 @@ are bfloat16 by default (``activation_dtype``), see :mod:`attnlab.transforms.qua
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from torch import Tensor, nn
 
+import attnlab.transforms.quant_formats as qf
 from attnlab.layers.embedding import TokenEmbedding
-from attnlab.transforms import quant_formats as qf
 from attnlab.transforms.decode_weights import release_copies
 from attnlab.transforms.quant_embedding import QuantizedEmbedding
 from attnlab.transforms.quant_modules import (
@@ -129,12 +130,17 @@ def _plan(model: nn.Module, config: QuantizationConfig) -> _Plan:
     return plan
 
 
+def _input_sizes(plan: _Plan) -> list[tuple[str, int]]:
+    """(name, inputs per row) of every layer the plan quantizes."""
+    shapes = [(names[0], m.in_features) for names, m in plan.linears.values()]
+    return shapes + [(names[0], m.d_model) for names, m in plan.embeddings.values()]
+
+
 def _check_group_size(plan: _Plan, config: QuantizationConfig) -> None:
     if config.format != "int4":
         return
     g = config.group_size
-    shapes = [(names[0], m.in_features) for names, m in plan.linears.values()]
-    shapes += [(names[0], m.d_model) for names, m in plan.embeddings.values()]
+    shapes = _input_sizes(plan)
     bad = [(n, k) for n, k in shapes if k % (g or 1)]
     if bad:
         name, k = bad[0]
@@ -142,6 +148,36 @@ def _check_group_size(plan: _Plan, config: QuantizationConfig) -> None:
             f"group_size={g} does not divide in_features={k} of {name!r}"
             + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
         )
+
+
+def fitting_group_size(
+    model: nn.Module,
+    *,
+    preferred: int = 128,
+    include_lm_head: bool = False,
+    include_embedding: bool = False,
+) -> int:
+    """The int4 group size to use for ``model``: ``preferred`` when it divides the input size of
+    every layer :func:`quantize` would replace, else the largest of the kernel's sizes (256, 128,
+    64, 32) below it that does, else the largest divisor of them all below it (which runs the
+    reference path). E.g. 128 for GPT-2 small, 32 for a ``d_model`` 96 model.
+
+    Raises:
+        ValueError: for a ``preferred`` that is not a positive integer.
+    """
+    if isinstance(preferred, bool) or not isinstance(preferred, int) or preferred < 1:
+        raise ValueError(f"preferred={preferred!r} must be a positive integer")
+    options = QuantizationConfig(format="int4", group_size=preferred,
+                                 include_lm_head=include_lm_head,
+                                 include_embedding=include_embedding)  # fmt: skip
+    sizes = [k for _, k in _input_sizes(_plan(model, options))]
+    common = math.gcd(*sizes) if sizes else preferred
+    if common % preferred == 0:
+        return preferred
+    kernel = [g for g in qf.INT4_KERNEL_GROUP_SIZES if g < preferred and common % g == 0]
+    if kernel:
+        return max(kernel)
+    return max(d for d in range(1, min(preferred, common) + 1) if common % d == 0)
 
 
 def new_quantized_linear(
@@ -290,6 +326,7 @@ __all__ = [
     "FORMATS",
     "QuantizationConfig",
     "apply_quantization",
+    "fitting_group_size",
     "new_quantized_linear",
     "quantize",
 ]
