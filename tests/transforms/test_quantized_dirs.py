@@ -4,6 +4,7 @@ damaged or edited directories refused before anything is built, memory footprint
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,9 @@ from attnlab.transforms.decode_weights import _COPIES
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-def _gpt(d_model: int = 64, d_ff: int = 128, **kw: Any) -> GPT:
+def _gpt(d_model: int = 64, d_ff: int = 128, n_layers: int = 2, **kw: Any) -> GPT:
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=50, d_model=d_model, n_heads=4, n_layers=2, d_ff=d_ff,
+    config = GPTConfig(vocab_size=50, d_model=d_model, n_heads=4, n_layers=n_layers, d_ff=d_ff,
                        max_seq_len=32, dropout=0.0, eos_id=None, **kw)  # fmt: skip
     return GPT(config).eval()
 
@@ -65,8 +66,16 @@ def test_an_edited_config_is_refused_before_building(tmp_path: Path) -> None:
     attnlab.save_pretrained(quantize(_gpt(), "int8"), tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "n_layers": 3}))
-    with pytest.raises(ValueError, match=r"quantization\.json.*differing"):  # modules recorded
+    with pytest.raises(ValueError, match=r"holds 49 tensors but config\.json and quantization"):
         attnlab.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    saved = (tmp_path / "quantization.json").read_text()
+    record = json.loads(saved)
+    record["config"]["modules"][0] = "layers.7.self_attn.q_proj"  # a name it does not rebuild
+    (tmp_path / "quantization.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"quantization\.json: .*differing: \['layers\.0"):
+        attnlab.from_pretrained(tmp_path)
+    (tmp_path / "quantization.json").write_text(saved)
     (tmp_path / "config.json").write_text(json.dumps({**config, "d_model": 32, "n_heads": 2}))
     with pytest.raises(ValueError, match=r"does not hold the quantized model .*expected I8"):
         attnlab.from_pretrained(tmp_path)
@@ -98,7 +107,7 @@ def test_foreign_tensors_are_named(tmp_path: Path) -> None:
      ("int4", {"group_size": 64, "include_lm_head": True, "include_embedding": True})],
 )  # fmt: skip
 def test_footprint_on_meta_equals_the_measured_model(fmt: str, options: dict[str, Any]) -> None:
-    model = quantize(_gpt(), fmt, **options)
+    model = quantize(_gpt(n_layers=4), fmt, **options)  # extrapolated from 1 and 2 layers
     measured = quantized_weight_bytes(model)
     footprint = quantized_footprint(model.config, model.quantization_config)
     assert footprint.stored == measured.total_stored
@@ -106,6 +115,24 @@ def test_footprint_on_meta_equals_the_measured_model(fmt: str, options: dict[str
     assert footprint.decode_copy_numel == copy_numel(model)
     head_kept = not options.get("include_lm_head")
     assert (footprint.decode_copy_numel > 0) == head_kept  # only a float32 head is still copied
+
+
+def test_a_config_claiming_a_million_layers_is_refused_before_building(tmp_path: Path) -> None:
+    one, two = (quantize(_gpt(n_layers=n), "int8") for n in (1, 2))
+    attnlab.save_pretrained(two, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "n_layers": 10**6}))
+    record = json.loads((tmp_path / "quantization.json").read_text())
+    record["config"]["modules"] = []  # no recorded names to give it away either
+    (tmp_path / "quantization.json").write_text(json.dumps(record))
+    n1, n2 = len(one.state_dict()), len(two.state_dict())
+    described = n1 + (10**6 - 1) * (n2 - n1)  # counted from 1- and 2-layer structures
+    with pytest.raises(ValueError, match=rf"holds {n2} tensors but .* of {described}:"):
+        attnlab.from_pretrained(tmp_path)
+    big = dataclasses.replace(two.config, n_layers=10**6)  # the memory estimate: same way
+    footprint = quantized_footprint(big, two.quantization_config)
+    s1, s2 = (quantized_weight_bytes(m).total_stored for m in (one, two))
+    assert footprint.stored == s1 + (10**6 - 1) * (s2 - s1)
 
 
 def test_fitting_group_size() -> None:

@@ -8,8 +8,8 @@ reads: the kernel operands (int8 codes + bfloat16 scales; int4's packed codes + 
 and zeros), or the stored tensors when they run the reference path.
 
 :func:`quantized_footprint` estimates the memory of a quantized model from its configs alone (the
-structure built on the ``meta`` device: nothing allocated), for the memory check of
-``attnlab generate`` before a quantized model is loaded or a float one quantized.
+structure built on the ``meta`` device with one and two layers, nothing allocated), for the
+memory check of ``attnlab generate`` before a quantized model is loaded or a float one quantized.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from attnlab.layers.embedding import TokenEmbedding
 from attnlab.layers.positional import PositionalEncoding
 from attnlab.transforms.decode_weights import copy_numel
 from attnlab.transforms.quant_embedding import QuantizedEmbedding
-from attnlab.transforms.quant_io import quantized_structure
+from attnlab.transforms.quant_io import measure_structure
 from attnlab.transforms.quant_modules import QuantizedLinear
 
 
@@ -114,11 +114,13 @@ def quantized_footprint(config: Any, qconfig: Any) -> QuantizedFootprint:
         ValueError: as :func:`~attnlab.transforms.quantize.quantize` for options that do not
             fit the model.
     """
-    model = quantized_structure(config, qconfig, device="meta")
-    sizes = quantized_weight_bytes(model)
-    linears = [m for m in model.modules() if isinstance(m, QuantizedLinear)]  # each once
-    kernel = sum(m.kernel_copy_bytes() for m in linears)
-    return QuantizedFootprint(sizes.total_stored, kernel, copy_numel(model))
+
+    def measure(model: nn.Module) -> tuple[int, int, int]:
+        linears = [m for m in model.modules() if isinstance(m, QuantizedLinear)]  # each once
+        kernel = sum(m.kernel_copy_bytes() for m in linears)
+        return quantized_weight_bytes(model).total_stored, kernel, copy_numel(model)
+
+    return QuantizedFootprint(*measure_structure(config, qconfig, measure))
 
 
 __all__ = ["QuantizedFootprint", "WeightBytes", "quantized_footprint", "quantized_weight_bytes"]

@@ -28,7 +28,10 @@ any replaces an old one).
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +185,29 @@ def quantized_structure(
     return model
 
 
+def measure_structure(
+    config: Any, qconfig: QuantizationConfig, measure: Callable[[nn.Module], tuple[int, ...]]
+) -> tuple[int, ...]:
+    """``measure`` of :func:`quantized_structure` on ``meta``, computed from models of one and
+    two layers when the layers are alike (``measure`` must grow linearly with them), so that a
+    config claiming a million layers costs nothing to check or estimate."""
+    free = dataclasses.replace(qconfig, modules=(), untied=())  # names of the full model
+    fields = [
+        f.name for f in dataclasses.fields(config) if re.fullmatch(r"n_(\w+_)?layers", f.name)
+    ]
+    counts = {name: getattr(config, name) for name in fields}
+    n = next(iter(counts.values()), None)
+    if isinstance(n, int) and n >= 3 and all(v == n for v in counts.values()):
+        try:
+            small = [dataclasses.replace(config, **dict.fromkeys(fields, k)) for k in (1, 2)]
+        except (TypeError, ValueError):  # per-layer options tied to the layer count
+            small = []
+        if small:
+            one, two = (measure(quantized_structure(c, free, device="meta")) for c in small)
+            return tuple(a + (n - 1) * (b - a) for a, b in zip(one, two, strict=True))
+    return measure(quantized_structure(config, free, device="meta"))
+
+
 def _header(file: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]], dict[str, str]]:
     """``{name: (dtype, shape)}`` and the metadata of a safetensors file (no data read)."""
     try:
@@ -263,6 +289,17 @@ def load_quantized(
         raise FileNotFoundError(f"no {WEIGHTS_NAME} in {directory}")
     qconfig = read_quantization_config(directory)
     config = load_config_of(directory)
+    entries, metadata = _header(weights)
+    held = len(entries) + sum(v in entries and k not in entries for k, v in metadata.items())
+    try:
+        (described,) = measure_structure(config, qconfig, lambda m: (len(m.state_dict()),))
+    except ValueError as e:
+        raise ValueError(f"{directory / QUANTIZATION_NAME}: {e}") from None
+    if held != described:  # before the whole structure is built, even on meta
+        raise ValueError(
+            f"{weights} holds {held} tensors but {CONFIG_NAME} and {QUANTIZATION_NAME} describe "
+            f"a quantized model of {described}: the config does not describe these weights"
+        )
     try:
         meta = quantized_structure(config, qconfig, device="meta")
     except ValueError as e:
@@ -280,6 +317,7 @@ __all__ = [
     "is_quantized_dir",
     "load_config_of",
     "load_quantized",
+    "measure_structure",
     "quantized_float_tensors",
     "quantized_structure",
     "read_quantization_config",
