@@ -153,3 +153,13 @@ def test_quantize_releases_the_decode_copies_of_replaced_layers() -> None:
         pytest.skip("no decode copies on this build (oneDNN missing)")
     quantize(model, "int8")
     assert model not in _COPIES
+
+
+def test_non_finite_scales_are_refused_naming_the_tensor(tmp_path: Path) -> None:
+    model = quantize(_gpt(), "int4", group_size=32)
+    model.layers[1].ffn.down_proj.scales[0, 0] = float("nan")  # a damaged scale (a buffer)
+    attnlab.save_pretrained(model, tmp_path)
+    with pytest.raises(ValueError, match=r"layers\.1\.ffn\.down_proj\.scales .* 1 NaN value"):
+        attnlab.from_pretrained(tmp_path)
+    loaded = attnlab.from_pretrained(tmp_path, allow_non_finite=True)
+    assert bool(loaded.layers[1].ffn.down_proj.scales.isnan().any())
