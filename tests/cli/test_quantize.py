@@ -181,3 +181,21 @@ def test_memory_estimate_counts_quantized_weights(model_dir: Path, tmp_path: Pat
     loading = generation_estimate(model_dir, config, quantize="int8", cpu=True, **sizes)
     assert loading.parts["float32_weights"] == fp32.parts["weights"]  # float weights come first
     assert loading.parts["quantized_weights"] == q.parts["weights"]
+
+
+def test_a_quantized_target_with_a_draft_keeps_its_greedy_tokens(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--quantize applies to the target; speculative decoding (--draft, a float32 draft) then
+    gives the quantized target's own greedy tokens (its kernels are row-invariant)."""
+    (model_dir / "tokenizer.json").unlink()
+    torch.manual_seed(1)
+    draft_cfg = GPTConfig(vocab_size=V, d_model=16, n_heads=2, n_layers=1, d_ff=32,
+                          max_seq_len=32, dropout=0.0, eos_id=None)  # fmt: skip
+    GPT(draft_cfg).save_pretrained(tmp_path / "draft")
+    args = ["generate", str(model_dir), "--ids", "1,2,3", "--max-new-tokens", "12", "--no-eos",
+            "--quantize", "int8"]  # fmt: skip
+    assert main(args) == 0
+    plain = _ids(capsys)
+    assert main([*args, "--draft", str(tmp_path / "draft"), "--num-draft-tokens", "3"]) == 0
+    assert _ids(capsys) == plain

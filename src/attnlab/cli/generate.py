@@ -31,6 +31,7 @@ from typing import Any
 
 from attnlab.cli.common import check_device, fail, guarded
 from attnlab.cli.decoding import add_decoding_arguments, context_message, decoding_config, ids
+from attnlab.cli.quantize import add_quantize_argument, generation_estimate, quantize_loaded
 from attnlab.cli.speculative import (  # speculative decoding (issue 27)
     add_speculative_arguments,
     decode,
@@ -38,7 +39,6 @@ from attnlab.cli.speculative import (  # speculative decoding (issue 27)
     load_draft,
     print_summary,
 )
-from attnlab.cli.quantize import add_quantize_argument, generation_estimate, quantize_loaded
 from attnlab.generation import ContextLengthError, GenerationConfig
 
 

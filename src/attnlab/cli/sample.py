@@ -13,8 +13,8 @@ from typing import Any
 
 from attnlab.cli.common import fail, guarded
 from attnlab.cli.decoding import add_decoding_arguments, context_message, decoding_config
-from attnlab.cli.speculative import add_speculative_arguments, decode, load_draft  # issue 27
 from attnlab.cli.quantize import add_quantize_argument, quantize_loaded
+from attnlab.cli.speculative import add_speculative_arguments, decode, load_draft  # issue 27
 from attnlab.generation import ContextLengthError
 
 
