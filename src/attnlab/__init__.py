@@ -3,7 +3,8 @@
 Public API: model configs and classes, :data:`PRESETS`, :func:`build_model`, checkpoints
 (:func:`from_pretrained` for attnlab's and Hugging Face's formats, :func:`save_pretrained`),
 sentence embeddings (:func:`embed`), text generation (:func:`generate`, greedy/sampling/beam
-search with the KV cache), and the layer package :mod:`attnlab.layers`.
+search with the KV cache), weight-only quantization (:func:`quantize`, int8/int4) and the layer
+package :mod:`attnlab.layers`.
 """
 
 from attnlab.analysis.params import count_params
@@ -26,6 +27,7 @@ from attnlab.models import (
 from attnlab.pretrained import from_pretrained, save_pretrained
 from attnlab.sentence import embed
 from attnlab.training import rundir as _rundir  # noqa: F401  (from_pretrained reads run dirs)
+from attnlab.transforms import quantize
 
 __version__ = "0.2.0"
 
@@ -48,5 +50,6 @@ __all__ = [
     "from_pretrained",
     "generate",
     "mask_tokens",
+    "quantize",
     "save_pretrained",
 ]

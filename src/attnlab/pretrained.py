@@ -11,6 +11,10 @@ formats share that shape:
 - Hugging Face's (:mod:`attnlab.interop.hf`): its own ``config.json`` (``model_type`` ``"bert"``,
   ``"gpt2"``, ``"llama"``, ...), translated and loaded through a key map.
 
+A quantized model directory (``quantization.json`` beside them, :mod:`attnlab.transforms.quant_io`)
+is attnlab's format with int8/int4 weights: :func:`from_pretrained` loads it as the quantized
+model and :func:`save_pretrained` of a quantized model writes it.
+
 ``"bert"`` and ``"vit"`` are ``model_type`` values of both; a config whose keys are all fields of
 attnlab's config class is attnlab's, anything else is Hugging Face's.
 
@@ -55,6 +59,12 @@ from attnlab.interop.hf import (
 from attnlab.interop.keymap import CheckpointMismatchError
 from attnlab.io import json_text, write_files_together
 from attnlab.models import MODEL_TYPES, build_model, config_from_json_dict
+from attnlab.transforms.quant_io import (
+    is_quantized_dir,
+    load_quantized,
+    quantized_float_tensors,
+    save_quantized,
+)
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -130,12 +140,20 @@ def save_pretrained(
         state_dict: the weights to write instead of ``model``'s own (the full state dict of a
             sharded model, whose parameter names it must use).
 
+    A model quantized by :func:`attnlab.quantize` is written as a quantized model directory
+    (:func:`attnlab.transforms.quant_io.save_quantized`).
+
     Returns:
         The directory.
 
     Raises:
-        ValueError: if ``model`` has no ``config`` attribute.
+        ValueError: if ``model`` has no ``config`` attribute (or is quantized and
+            ``state_dict`` is given).
     """
+    if getattr(model, "quantization_config", None) is not None:  # quantized: its own layout
+        if state_dict is not None:
+            raise ValueError("save_pretrained of a quantized model takes no state_dict")
+        return save_quantized(model, path)
     config = getattr(model, "config", None)
     if config is None:
         raise ValueError(f"{type(model).__name__} has no .config; cannot write config.json")
@@ -312,8 +330,9 @@ def from_pretrained(
     config (``model.config``).
 
     Args:
-        path: a directory with ``config.json`` and weights, or a run directory of ``attnlab
-            train`` (its newest complete checkpoint).
+        path: a directory with ``config.json`` and weights (a quantized one loads as the
+            quantized model), or a run directory of ``attnlab train`` (its newest complete
+            checkpoint).
         device: where to build the model.
         dtype: convert the parameters to this dtype (default: as built, float32).
         strict: Hugging Face checkpoints only: with ``False``, missing/unexpected tensors are
@@ -327,10 +346,18 @@ def from_pretrained(
             option (:class:`~attnlab.interop.family.UnsupportedCheckpointError`), or tensors
             that do not match (:class:`~attnlab.interop.keymap.CheckpointMismatchError`, naming
             every key and expected shape; for attnlab's format, a parameter count in the
-            safetensors header other than the config's, checked before the model is built).
+            safetensors header other than the config's, checked before the model is built;
+            a ``dtype`` for a quantized model directory).
         NonFiniteWeightsError: (a ValueError) for parameters holding NaN or inf values.
     """
     path = resolve_directory(path)
+    if is_quantized_dir(path):  # attnlab's format + quantization.json
+        if dtype is not None:
+            raise ValueError(f"{path} holds a quantized model; dtype={dtype} cannot convert it")
+        model = load_quantized(path, device=device)
+        if not allow_non_finite:
+            check_finite_parameters(model, path)
+        return model
     data = read_config(path)
     model_type = data.get("model_type")
     if model_type not in MODEL_TYPES and model_type not in HF_FAMILIES:
@@ -359,7 +386,7 @@ def check_finite_parameters(model: nn.Module, where: str | os.PathLike[str]) -> 
     Raises:
         NonFiniteWeightsError: naming the tensor.
     """
-    for name, p in model.named_parameters():
+    for name, p in [*model.named_parameters(), *quantized_float_tensors(model)]:
         if p.device.type == "meta" or not p.is_floating_point():
             continue
         finite = torch.isfinite(p)

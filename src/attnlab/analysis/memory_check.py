@@ -108,11 +108,14 @@ def estimate_generation(
     num_beams: int = 1,
     dtype: str = "float32",
     decode_copy_numel: int = 0,
+    weight_bytes: int | None = None,
 ) -> MemoryEstimate | None:
     """Memory of generating ``max_new_tokens`` after ``batch`` prompts of ``prompt_len`` tokens
     (``num_beams`` sequences each); ``None`` for a config that does not generate.
     ``decode_copy_numel``: elements of the weight copies decoding keeps (fp32 on the CPU; see
     :func:`attnlab.transforms.decode_weights.copy_numel`), counted as ``decode_copies``.
+    ``weight_bytes``: the weights' bytes when they are not the parameter count times the
+    dtype's size (a quantized model: :func:`attnlab.transforms.quantized_footprint`).
 
     Raises:
         ValueError: for non-positive sizes or an unknown ``dtype``.
@@ -143,7 +146,8 @@ def estimate_generation(
         f"generating with {type(config).__name__} ({dtype}, {rows} sequence{'s' * (rows > 1)} "
         f"of {prompt_len} + {max_new_tokens} tokens)"
     )
-    parts = {"weights": count_params(config) * a, "kv_cache": kv, "prefill": logits + scores}
+    weights = count_params(config) * a if weight_bytes is None else weight_bytes
+    parts = {"weights": weights, "kv_cache": kv, "prefill": logits + scores}
     if decode_copy_numel:
         parts["decode_copies"] = decode_copy_numel * a
     return MemoryEstimate(what, parts)

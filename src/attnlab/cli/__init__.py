@@ -12,6 +12,7 @@ Each module adds one command group and turns its flags into library calls:
     attnlab viz KIND ...                     cli.viz
     attnlab bench attention ...              cli.bench
     attnlab convert-run RUN_DIR              cli.convert
+    attnlab quantize MODEL_OR_RUN --bits 8   cli.quantize
 
 Flags are ``--kebab-case``; every command exits 0, or 2 with one ``error:`` line on bad input
 (:mod:`attnlab.cli.common`).
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 
 from attnlab import __version__
 from attnlab.cli import analyze, bench, convert, embed, evaluate, generate, sample, train, translate
+from attnlab.cli import quantize as quantize_cli
 from attnlab.cli import viz as viz_cli
 
 
@@ -39,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in (train, sample, evaluate, generate, translate, analyze, embed, viz_cli, bench,
-                   convert):  # fmt: skip
+                   convert, quantize_cli):  # fmt: skip
         module.add_parser(commands)
     return parser
 

@@ -17,7 +17,9 @@ when it does not end with it (attnlab's recipes and Hugging Face's seq2seq token
 sources that end in EOS; ``--no-source-eos`` passes the ids as given). A long generation slides
 its context like nanoGPT (``--context``); the decoding flags are :mod:`attnlab.cli.decoding`'s.
 A run whose estimated memory (weights, KV cache, prefill, decoding copies) exceeds the available
-RAM exits with status 2, unless ``--ignore-memory-check`` is given.
+RAM exits with status 2, unless ``--ignore-memory-check`` is given. ``--quantize int8|int4``
+quantizes the weights after loading (:mod:`attnlab.cli.quantize`); a quantized model directory
+(``attnlab quantize``) loads as it is.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any, cast
 
 from attnlab.cli.common import check_device, fail, guarded
 from attnlab.cli.decoding import add_decoding_arguments, context_message, decoding_config, ids
+from attnlab.cli.quantize import add_quantize_argument, generation_estimate, quantize_loaded
 from attnlab.cli.speculative import (  # speculative decoding (issue 27)
     add_speculative_arguments,
     decode,
@@ -60,6 +63,7 @@ def add_parser(commands: Any) -> None:
     add_speculative_arguments(p)  # --draft, --num-draft-tokens
     p.add_argument("--no-stream", action="store_true", help="print only at the end")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto")
+    add_quantize_argument(p)  # --quantize int8|int4 (attnlab.cli.quantize)
     p.add_argument(
         "--ignore-memory-check",
         action="store_true",
@@ -104,27 +108,28 @@ def _stream_text(
 
 
 def _check_memory(
-    directory: Path, device: str, prompts: list[list[int]], config: GenerationConfig
-) -> None:
+    directory: Path, device: str, prompts: list[list[int]], config: GenerationConfig,
+    quantize: str | None = None,
+) -> None:  # fmt: skip
     """Refuse before loading when the weights, KV cache and prefill cannot fit in RAM: the
     model the config describes is estimated in full (attnlab's, or a Hugging Face one read from
     its config and safetensors headers); a ``.bin`` checkpoint by its files' size."""
-    from attnlab.analysis.memory_check import MemoryEstimate, check_fits, estimate_generation
+    from attnlab.analysis.memory_check import MemoryEstimate, check_fits
     from attnlab.interop.hf import hf_model_config, read_config
     from attnlab.models import config_from_json_dict
     from attnlab.pretrained import is_attnlab_config
-    from attnlab.transforms.decode_weights import copy_numel
 
     data = read_config(directory)
     model_config = (
         config_from_json_dict(data) if is_attnlab_config(data) else hf_model_config(directory)
     )
     if model_config is not None:
-        estimate = estimate_generation(
-            model_config, batch=len(prompts), prompt_len=max(1, *map(len, prompts)),
+        # float32, a quantized directory or --quantize: attnlab.cli.quantize
+        estimate = generation_estimate(
+            directory, model_config, quantize=quantize, cpu=device.startswith("cpu"),
+            batch=len(prompts), prompt_len=max(1, *map(len, prompts)),
             max_new_tokens=config.max_new_tokens,
             num_beams=max(config.num_beams, config.num_return_sequences),
-            decode_copy_numel=copy_numel(model_config) if device.startswith("cpu") else 0,
         )  # fmt: skip
     else:
         files = [f for f in directory.iterdir() if f.suffix in (".safetensors", ".bin")]
@@ -162,7 +167,7 @@ def run_generate(args: argparse.Namespace) -> int:
     directory, tokenizer = resolve(args.model, args.tokenizer)
     prompts = _prompts(args, tokenizer)
     if not args.ignore_memory_check:
-        _check_memory(directory, device, prompts, config)
+        _check_memory(directory, device, prompts, config, args.quantize)
         if args.draft is not None:
             from attnlab.training.rundir import resolve_model_directory
 
@@ -171,6 +176,7 @@ def run_generate(args: argparse.Namespace) -> int:
     decoder_only = isinstance(model, attnlab.GPT) or is_recurrent(model)
     if not decoder_only and not isinstance(model, attnlab.EncoderDecoderTransformer):
         fail(f"{args.model} holds a {type(model).__name__}, which does not generate")
+    model = quantize_loaded(model, args.quantize, args.model)  # --quantize (cli.quantize)
     eos = set(resolve_eos(cast(Any, model), config.eos_ids))  # a model that generates
     source_eos = (
         model.config.eos_id if isinstance(model, attnlab.EncoderDecoderTransformer) else None

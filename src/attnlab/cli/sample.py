@@ -13,6 +13,7 @@ from typing import Any
 
 from attnlab.cli.common import fail, guarded
 from attnlab.cli.decoding import add_decoding_arguments, context_message, decoding_config
+from attnlab.cli.quantize import add_quantize_argument, quantize_loaded
 from attnlab.cli.speculative import add_speculative_arguments, decode, load_draft  # issue 27
 from attnlab.generation import ContextLengthError
 
@@ -28,6 +29,7 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--prompt", default="\n", help="text to continue (default: a new line)")
     add_decoding_arguments(p, max_new_tokens=200, temperature=None, seed=None)
     add_speculative_arguments(p)  # --draft, --num-draft-tokens
+    add_quantize_argument(p)  # --quantize int8|int4 (attnlab.cli.quantize)
     p.set_defaults(func=guarded("attnlab sample", run_sample))
 
 
@@ -49,6 +51,7 @@ def run_sample(args: argparse.Namespace) -> int:
             f"{args.run} holds a {type(model).__name__}, not a language model "
             "(GPT, Mamba, LSTM/GRU)"
         )
+    model = quantize_loaded(model, args.quantize, args.run)  # --quantize (cli.quantize)
     draft = load_draft(args, model, tokenizer, config, "cpu")  # --draft (speculative decoding)
     prompt = tokenizer.encode(args.prompt)
     if not prompt:

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from attnlab.cli.common import check_writable, fail, guarded
+from attnlab.cli.quantize import add_quantize_argument, quantize_loaded
 from attnlab.io import atomic_write_json, atomic_write_text
 
 
@@ -58,6 +59,7 @@ def add_parser(commands: Any) -> None:
     q.add_argument("--tgt", default=None, help="target language (default: the model's)")
     q.add_argument("--output", default=None, help="--eval: also write the translations here")
     q.add_argument("--json", default=None, help="--eval: also write the scores as JSON here")
+    add_quantize_argument(q)  # --quantize int8|int4 (attnlab.cli.quantize)
     q.set_defaults(func=guarded("attnlab translate", run_translate))
 
 
@@ -86,6 +88,7 @@ def run_translate(args: argparse.Namespace) -> int:
     check_writable(args.output, what="--output")
     check_writable(args.json, what="--json")
     t = load_translator(args.model, args.checkpoint)
+    quantize_loaded(t.model, args.quantize, args.model)  # --quantize (cli.quantize)
     if args.eval is None:
         lines = _read_stdin()
         for line in translate(
@@ -112,8 +115,10 @@ def run_translate(args: argparse.Namespace) -> int:
     seconds = time.monotonic() - start
     scores = score_bleu(hyps, [r for _, r in pairs])
     decoding = f"beam {beam} (alpha {args.alpha})" if beam > 1 else "greedy"
+    qconfig = getattr(t.model, "quantization_config", None)  # --quantize or a quantized model
+    weights = "float32" if qconfig is None else f"{qconfig.format} weights"
     print(
-        f"{args.eval} {src}->{tgt}: {len(pairs)} sentences, {decoding}, {t.path} "
+        f"{args.eval} {src}->{tgt}: {len(pairs)} sentences, {decoding}, {weights}, {t.path} "
         f"(step {t.info.get('step', '?')}), {seconds:.1f} s"
     )
     print(f"BLEU (cased)      = {scores.bleu:.2f}  {scores.signature}")
@@ -129,6 +134,7 @@ def run_translate(args: argparse.Namespace) -> int:
             "model": str(t.path),
             "step": t.info.get("step"),
             "decoding": decoding,
+            "weights": weights,
             "beam": beam,
             "alpha": args.alpha,
             "seconds": seconds,

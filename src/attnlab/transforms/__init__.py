@@ -1,12 +1,22 @@
 """Transforms: functions applied to a built model from outside (floor 3).
 
 The paper's layers describe the mathematics only; what changes *how* a model runs without
-changing what it computes is applied here, to a model that already exists:
+changing what it computes (or, for quantization, what it stores) is applied here, to a model
+that already exists:
 
 - :mod:`~attnlab.transforms.decode_weights`: reordered weight copies for the per-token
-  projections of decoding on the CPU (used by :mod:`attnlab.generation` for one call);
+  projections of decoding on the CPU (used by :mod:`attnlab.generation` for one call).
 - :mod:`~attnlab.transforms.precision`: attention computed in float32 inside a bfloat16-autocast
   model (the ``cifar10`` recipe's ``precision=bf16``).
+- weight-only quantization: :func:`quantize` (int8 per channel / int4 group-wise on PyTorch's
+  packed CPU kernels; :mod:`~attnlab.transforms.quantize`); the quantized layers
+  (:mod:`~attnlab.transforms.quant_modules`, :mod:`~attnlab.transforms.quant_embedding`); formats
+  and kernels (:mod:`~attnlab.transforms.quant_formats`); weight bytes for bandwidth floors and
+  memory estimates (:mod:`~attnlab.transforms.quant_bytes`); quantized model directories
+  (:func:`save_quantized`, :func:`load_quantized`; :mod:`~attnlab.transforms.quant_io`), which
+  :func:`attnlab.from_pretrained` and :func:`attnlab.save_pretrained` read and write.
+
+The layers and models keep no quantization code.
 """
 
 from attnlab.transforms.decode_weights import (
@@ -19,15 +29,53 @@ from attnlab.transforms.decode_weights import (
     reordering_available,
 )
 from attnlab.transforms.precision import Float32Attention, float32_attention
+from attnlab.transforms.quant_bytes import (
+    QuantizedFootprint,
+    WeightBytes,
+    quantized_footprint,
+    quantized_weight_bytes,
+)
+from attnlab.transforms.quant_embedding import QuantizedEmbedding
+from attnlab.transforms.quant_io import (
+    QUANTIZATION_NAME,
+    is_quantized_dir,
+    load_quantized,
+    read_quantization_config,
+    save_quantized,
+)
+from attnlab.transforms.quant_modules import Int4Linear, Int8Linear, QuantizedLinear
+from attnlab.transforms.quantize import (
+    FORMATS,
+    QuantizationConfig,
+    fitting_group_size,
+    quantize,
+)
 
 __all__ = [
+    "FORMATS",
     "MAX_ROWS",
     "ONEDNN_MIN_NUMEL",
+    "QUANTIZATION_NAME",
     "DecodeWeight",
     "Float32Attention",
+    "Int4Linear",
+    "Int8Linear",
+    "QuantizationConfig",
+    "QuantizedEmbedding",
+    "QuantizedFootprint",
+    "QuantizedLinear",
+    "WeightBytes",
     "copy_numel",
     "decode_layout",
+    "fitting_group_size",
     "float32_attention",
+    "is_quantized_dir",
+    "load_quantized",
+    "quantize",
+    "quantized_footprint",
+    "quantized_weight_bytes",
+    "read_quantization_config",
     "release_copies",
     "reordering_available",
+    "save_quantized",
 ]

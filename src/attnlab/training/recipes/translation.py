@@ -36,7 +36,7 @@ from torch import nn
 from attnlab.config import Config, check_positive
 from attnlab.io import find_data_file
 from attnlab.models.transformer import EncoderDecoderTransformer, TransformerConfig
-from attnlab.pretrained import WEIGHTS_NAME, check_finite_parameters, load_attnlab
+from attnlab.pretrained import WEIGHTS_NAME, from_pretrained
 from attnlab.tokenizers import LibraryTokenizer, Tokenizer
 from attnlab.training.config import TrainConfig
 from attnlab.training.objectives import EpochStream, Objective, Seq2SeqBatch, Seq2SeqObjective
@@ -291,8 +291,7 @@ def load_translator(path: str | os.PathLike[str], checkpoint: str | None = None)
         ValueError: if the model is not an encoder-decoder or the tokenizer does not fit it.
     """
     directory = resolve_model_dir(path, checkpoint)
-    model = load_attnlab(directory)
-    check_finite_parameters(model, directory)
+    model = from_pretrained(directory)  # NaN/inf refused; a quantized model directory included
     if not isinstance(model, EncoderDecoderTransformer):
         raise ValueError(f"{directory} holds a {type(model).__name__}, not a translation model")
     tokenizer = TranslationTokenizer.load(directory)
