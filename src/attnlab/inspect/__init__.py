@@ -1,0 +1,31 @@
+"""Look inside a running model: named hook points, an activation cache, edits, patching, lenses.
+
+- :mod:`~attnlab.inspect.points`: :func:`hook_names` (the naming table), selecting names;
+- :mod:`~attnlab.inspect.cache`: :func:`run_with_cache`, :func:`capture`, :class:`ActivationCache`;
+- :mod:`~attnlab.inspect.hooks`: :func:`run_with_hooks`, :func:`hooked`, :func:`add_hooks`;
+- :mod:`~attnlab.inspect.edits`: zero/mean ablation of heads, layers and FFN neurons; steering;
+- :mod:`~attnlab.inspect.patching`: :func:`activation_patching` -> :class:`PatchingResult`;
+- :mod:`~attnlab.inspect.lens`: :func:`logit_lens`, :func:`direct_logit_attribution`.
+
+Works on every family (GPT, BERT, ViT, the encoder-decoder Transformer), every attention backend,
+and during generation. Nothing is installed on a model while nothing is hooked.
+"""
+
+from attnlab.inspect.cache import ActivationCache, capture, run_with_cache
+from attnlab.inspect.hooks import HookFn, HookHandle, add_hooks, hooked, is_hooked, run_with_hooks
+from attnlab.inspect.points import HookPoint, hook_names, hook_points
+
+__all__ = [
+    "ActivationCache",
+    "HookFn",
+    "HookHandle",
+    "HookPoint",
+    "add_hooks",
+    "capture",
+    "hook_names",
+    "hook_points",
+    "hooked",
+    "is_hooked",
+    "run_with_cache",
+    "run_with_hooks",
+]
