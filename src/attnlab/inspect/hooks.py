@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from torch import Tensor, nn
-from torch.utils.hooks import RemovableHandle
 
 from attnlab.inspect.points import HookPoint, Names, hook_points, select
 from attnlab.models.transformer import EncoderDecoderTransformer
@@ -103,13 +102,14 @@ class _State:
             sites = [p for p in points if p.site is not None]
             outputs = [p for p in points if p.site is None]
             if sites:
-                module.activation_hook = _Dispatch(self, sites)
-                self._installed.append(functools.partial(delattr, module, "activation_hook"))
+                # An instance attribute over the layer's class default None (layers/hooks.py).
+                module.__dict__["activation_hook"] = _Dispatch(self, sites)
+                self._installed.append(
+                    functools.partial(module.__dict__.pop, "activation_hook", None)
+                )
             if outputs:
                 dispatch = _Dispatch(self, outputs)
-                handle = module.register_forward_hook(
-                    lambda _m, _a, out, d=dispatch: d(None, out)  # type: ignore[misc]
-                )
+                handle = module.register_forward_hook(lambda _m, _a, out, d=dispatch: d(None, out))
                 self._installed.append(handle.remove)
         if any(self.points[n].scope is not None for n in self.handlers):
             self._wrap_stacks()
@@ -199,9 +199,7 @@ def hooked(model: nn.Module, hooks: Mapping[str, HookFn]) -> Iterator[nn.Module]
         handle.remove()
 
 
-def run_with_hooks(
-    model: nn.Module, *args: Any, hooks: Mapping[str, HookFn], **kwargs: Any
-) -> Any:
+def run_with_hooks(model: nn.Module, *args: Any, hooks: Mapping[str, HookFn], **kwargs: Any) -> Any:
     """``model(*args, **kwargs)`` with ``hooks`` (``{name or pattern: fn(tensor, name)}``)
     attached for this call only; returns the model's output.
 

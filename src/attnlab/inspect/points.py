@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from torch import nn
 
 from attnlab.layers.blocks import DecoderLayer, EncoderLayer
-from attnlab.layers.embedding import TokenEmbedding
 from attnlab.layers.feedforward import FeedForward
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.layers.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding

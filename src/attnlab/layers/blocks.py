@@ -38,6 +38,8 @@ NormPosition = Literal["pre", "post"]
 class _ResidualBlock(nn.Module):
     """Shared residual plumbing: ``enter`` before a sublayer, ``leave`` after it."""
 
+    ffn: nn.Module
+    ffn_norm: nn.Module
     # Hook sites (attnlab.layers.hooks): None costs one attribute read per site.
     activation_hook: ActivationHook | None = None
     HOOK_SITES: ClassVar[tuple[str, ...]] = (

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import ClassVar, cast
 
+import torch
 from torch import Tensor, nn
 
 from attnlab.layers.attention import scaled_dot_product_attention
@@ -218,8 +219,8 @@ class MultiHeadAttention(nn.Module):
 
         The ``scores`` and ``weights`` hook sites fire here. The output is the math path's
         (``weights @ v``) when ``exact_output`` (``need_weights``) or when a hook replaced the
-        scores or weights; otherwise the backend computes it as usual, so that only reading the
-        weights leaves the output bitwise unchanged.
+        scores or weights with other values; otherwise the backend computes it as usual, so that
+        reading (or re-writing unchanged) the weights leaves the output bitwise unchanged.
         """
         if getattr(self.backend, "softmax", True) is False:
             raise ValueError(
@@ -236,7 +237,7 @@ class MultiHeadAttention(nn.Module):
         def site(name: str, x: Tensor) -> Tensor:
             nonlocal edited
             y = hook(name, x) if hook is not None else x
-            edited = edited or y is not x
+            edited = edited or not (y is x or torch.equal(y, x))  # same values: not an edit
             return y
 
         out, weights = cast(
