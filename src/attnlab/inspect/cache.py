@@ -91,14 +91,18 @@ class ActivationCache(Mapping[str, Tensor]):
         return sum(seen.values())
 
     def tensors(self) -> dict[str, Tensor]:
-        """A flat ``{name: tensor}`` to save (e.g. with safetensors): contiguous copies; a point
-        called several times gives ``name`` for its only call, ``name@i`` for call ``i``."""
+        """A flat ``{name: tensor}`` to save (e.g. with safetensors): contiguous copies (points
+        that are one tensor, such as ``layers.0.resid_post`` and ``layers.1.resid_pre``, get one
+        each); a point called once gives ``name``, one called several times ``name@i``."""
         out: dict[str, Tensor] = {}
         for name, steps in self._steps.items():
             if len(steps) == 1:
-                out[name] = steps[0].contiguous()
+                out[name] = steps[0].clone(memory_format=torch.contiguous_format)
             else:
-                out.update({f"{name}@{i}": t.contiguous() for i, t in enumerate(steps)})
+                out.update(
+                    {f"{name}@{i}": t.clone(memory_format=torch.contiguous_format)
+                     for i, t in enumerate(steps)}
+                )  # fmt: skip
         return out
 
     def __repr__(self) -> str:

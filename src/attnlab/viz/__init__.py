@@ -17,6 +17,8 @@ drawn; importing this package does not need it. Every ``plot_*`` function return
 - :mod:`~attnlab.viz.schedule`: the §5.3 learning-rate curve (and cosine, constant);
 - :mod:`~attnlab.viz.curves`: train/val loss from JSON Lines metrics files, runs overlaid;
 - :mod:`~attnlab.viz.bench`: time and memory vs n on log-log axes, for the benchmarks;
+- :mod:`~attnlab.viz.inspect_plots`: activation patching heatmaps, the logit lens
+  (:mod:`attnlab.inspect`);
 - :mod:`~attnlab.viz.cli`: ``attnlab viz ...`` (:func:`add_viz_subparser`).
 """
 
@@ -31,6 +33,7 @@ from attnlab.viz.capture import (
     record_attention,
 )
 from attnlab.viz.curves import RunMetrics, plot_curves, read_metrics
+from attnlab.viz.inspect_plots import plot_logit_lens, plot_patching
 from attnlab.viz.masks import MASK_KINDS, mask_data, plot_masks
 from attnlab.viz.positional import POSITIONAL_KINDS, plot_positional, positional_data
 from attnlab.viz.schedule import plot_schedule, schedule_curves
@@ -53,7 +56,9 @@ __all__ = [
     "plot_curves",
     "plot_head_scores",
     "plot_layer",
+    "plot_logit_lens",
     "plot_masks",
+    "plot_patching",
     "plot_positional",
     "plot_rollout",
     "plot_schedule",
