@@ -71,17 +71,22 @@ class _State:
             x = y
         return x
 
-    def add(self, name: str, fn: HookFn) -> None:
-        _STATES.setdefault(self.model, self)
-        self.handlers.setdefault(name, []).append(fn)
+    def add(self, pairs: list[tuple[str, HookFn]]) -> None:
+        """Attach each ``(name, fn)``, then install what they need (once)."""
+        if pairs:
+            _STATES.setdefault(self.model, self)
+        for name, fn in pairs:
+            self.handlers.setdefault(name, []).append(fn)
         self._reinstall()
 
-    def remove(self, name: str, fn: HookFn) -> None:
-        fns = self.handlers.get(name, [])
-        if fn in fns:
-            fns.remove(fn)
-        if not fns:
-            self.handlers.pop(name, None)
+    def remove(self, pairs: list[tuple[str, HookFn]]) -> None:
+        """Detach each ``(name, fn)`` (those not attached are ignored), then reinstall."""
+        for name, fn in pairs:
+            fns = self.handlers.get(name, [])
+            if fn in fns:
+                fns.remove(fn)
+            if not fns:
+                self.handlers.pop(name, None)
         self._reinstall()
 
     def _reinstall(self) -> None:
@@ -142,8 +147,7 @@ class HookHandle:
         self._state, self._pairs = state, pairs
 
     def remove(self) -> None:
-        for name, fn in self._pairs:
-            self._state.remove(name, fn)
+        self._state.remove(self._pairs)
         self._pairs = []
 
 
@@ -168,18 +172,16 @@ def add_hooks(model: nn.Module, hooks: Mapping[str, HookFn]) -> HookHandle:
             raise TypeError(f"the hook for {spec!r} is not callable: {fn!r}")
         pairs += [(name, fn) for name in select(list(state.points), spec)]
     pairs = list(dict.fromkeys(pairs))  # a function once per point, whatever patterns overlap
-    for name, fn in pairs:
-        state.add(name, fn)
+    state.add(pairs)
     return HookHandle(state, pairs)
 
 
 def attach_all(model: nn.Module, names: Names, fn: HookFn) -> HookHandle:
     """Attach one function to every point ``names`` selects (see :func:`select`)."""
     state = _state(model)
-    chosen = select(list(state.points), names)
-    for name in chosen:
-        state.add(name, fn)
-    return HookHandle(state, [(name, fn) for name in chosen])
+    pairs = [(name, fn) for name in select(list(state.points), names)]
+    state.add(pairs)
+    return HookHandle(state, pairs)
 
 
 @contextlib.contextmanager
