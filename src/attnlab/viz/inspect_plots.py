@@ -69,11 +69,11 @@ def plot_patching(
     columns = list(x_labels) if x_labels is not None else result.column_labels()
     finite = data[torch.isfinite(data)]
     bound = float(finite.abs().max()) if finite.numel() else 1.0
-    fig = new_figure(max(4.0, 0.35 * len(columns) + 2.5), max(2.5, 0.32 * len(rows) + 1.6))
+    fig = new_figure(max(4.0, 0.3 * len(columns) + 2.0), max(2.0, 0.3 * len(rows) + 1.4))
     ax = fig.add_subplot(1, 1, 1)
     image = heatmap(
         ax, data.float().numpy(), x_labels=columns, y_labels=rows, cmap="RdBu",
-        vmin=-(bound or 1.0), vmax=bound or 1.0,
+        vmin=-(bound or 1.0), vmax=bound or 1.0, fontsize=8,
     )  # fmt: skip
     ax.set_xlabel({"position": "position patched", "head": "head patched"}.get(result.per, ""))
     ax.set_ylabel(y_title)
@@ -116,16 +116,17 @@ def plot_logit_lens(
     data = probs.gather(-1, final.expand(probs.shape[0], -1).unsqueeze(-1)).squeeze(-1)
     top = probs.argmax(dim=-1)  # (L + 1, P)
     columns = list(tokens) if tokens is not None else [str(p) for p in lens.positions]
-    fig = new_figure(max(4.0, 0.6 * len(columns) + 2.5), max(2.5, 0.4 * len(lens.labels) + 1.6))
+    fig = new_figure(max(4.0, 0.3 * len(columns) + 2.0), max(2.0, 0.35 * len(lens.labels) + 1.2))
     ax = fig.add_subplot(1, 1, 1)
     image = heatmap(
-        ax, data.numpy(), x_labels=columns, y_labels=list(lens.labels), vmin=0.0, vmax=1.0
-    )
+        ax, data.numpy(), x_labels=columns, y_labels=list(lens.labels), vmin=0.0, vmax=1.0,
+        fontsize=8,
+    )  # fmt: skip
     for r in range(data.shape[0]):
         for c in range(data.shape[1]):
             text = decode(int(top[r, c])).replace("\n", "\\n")
             colour = "black" if data[r, c] > 0.6 else "white"
-            ax.text(c, r, text, ha="center", va="center", fontsize=7, color=colour)
+            ax.text(c, r, text, ha="center", va="center", fontsize=6.5, color=colour)
     ax.set_xlabel("position (input token)")
     fig.colorbar(image, ax=ax, label="p(final prediction)", shrink=0.9)
     ax.set_title(title, fontsize=9)
