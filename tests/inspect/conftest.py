@@ -42,6 +42,12 @@ def _vit(backend: str = "sdpa", **kw: Any) -> nn.Module:
     return build_model("vit-digits", dropout=0.0, attn_backend=backend, **kw).eval()
 
 
+def _cct(backend: str = "sdpa", **kw: Any) -> nn.Module:
+    kw = _window(backend, kw)
+    kw = {"d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64, "conv_channels": 16, **kw}
+    return build_model("cct-cifar", dropout=0.0, attn_backend=backend, **kw).eval()
+
+
 def _transformer(backend: str = "sdpa", **kw: Any) -> nn.Module:
     kw = _window(backend, kw)
     kw = {"d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64, **kw}
@@ -54,6 +60,8 @@ def inputs(model: nn.Module, B: int = 2, T: int = 9, seed: int = 0) -> tuple[Any
     name = type(model).__name__
     if name == "ViT":
         return (torch.randn(B, 1, 8, 8, generator=g),)
+    if name == "CCT":
+        return (torch.randn(B, 3, 32, 32, generator=g),)
     if name == "EncoderDecoderTransformer":
         src = torch.randint(3, 64, (B, T), generator=g)
         src[1, -2:] = 0  # padding: masked source keys
@@ -67,6 +75,7 @@ FAMILIES: dict[str, Callable[..., nn.Module]] = {
     "llama": _llama,
     "bert": _bert,
     "vit": _vit,
+    "cct": _cct,
     "transformer": _transformer,
 }
 

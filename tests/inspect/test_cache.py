@@ -15,7 +15,7 @@ from attnlab.models import build_model
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 BACKENDS = ("math", "sdpa", "chunked", "sliding_window", "linear")  # conftest's models take them
-FAMILIES = ("gpt", "llama", "bert", "vit", "transformer")
+FAMILIES = ("gpt", "llama", "bert", "vit", "cct", "transformer")
 
 
 def _outputs(out: Any) -> list[torch.Tensor]:
@@ -186,6 +186,22 @@ def test_memory_one_layer_of_gpt2_medium_shapes_at_1024() -> None:
         model(ids)
     assert seen == {"layers.1", "layers.1.self_attn", "layers.1.ffn"}
     assert one.nbytes() == _layer_bytes(1, 1024, 1024, 16, 4096) == 180 * 2**20
+
+
+def test_memory_of_the_real_gpt2_medium_on_the_meta_device() -> None:
+    """Shape accounting (no allocation): the whole 24-layer gpt2-medium at context 1024 on the
+    meta device; caching ``layers.5.*`` keeps one layer's 180 MiB, ``layers.*`` 24 times that
+    (per name: a layer's ``resid_post`` is the next one's ``resid_pre``, stored once in a real
+    run, see the test above)."""
+    model = build_model("gpt2-medium", device="meta").eval()
+    ids = torch.zeros(1, 1024, dtype=torch.long, device="meta")
+    with torch.no_grad():
+        _, one = run_with_cache(model, ids, names="layers.5.*")
+        _, every = run_with_cache(model, ids, names="layers.*")
+    layer = _layer_bytes(1, 1024, 1024, 16, 4096)
+    assert list(one) == [n for n in hook_names(model) if n.startswith("layers.5.")]
+    assert one.nbytes() == layer == 180 * 2**20
+    assert every.nbytes() == 24 * layer  # 4.2 GiB for the whole stack
 
 
 def test_whole_model_cache_is_n_layers_times_one(make: Any, example: Any) -> None:

@@ -7,7 +7,7 @@
 - :mod:`~attnlab.inspect.patching`: :func:`activation_patching` -> :class:`PatchingResult`;
 - :mod:`~attnlab.inspect.lens`: :func:`logit_lens`, :func:`direct_logit_attribution`.
 
-Works on every family (GPT, BERT, ViT, the encoder-decoder Transformer), every attention backend,
+Works on every Transformer family (GPT, BERT, ViT, CCT, the encoder-decoder), every backend,
 and during generation (``with capture(model, names) as cache: generate(model, ...)``). Nothing
 is installed on a model while nothing is hooked. Guide: ``docs/inspect.md``.
 """

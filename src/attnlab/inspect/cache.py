@@ -82,10 +82,16 @@ class ActivationCache(Mapping[str, Tensor]):
         return torch.stack([self[n] for n in names])
 
     def nbytes(self) -> int:
-        """Bytes held by the cached tensors, each storage counted once (views share one)."""
+        """Bytes held by the cached tensors, each storage counted once (views share one).
+
+        Meta tensors (a model built on ``device="meta"``) have no storage to tell apart: each
+        counts ``numel * element_size``, so points that are one tensor count once per name."""
         seen: dict[tuple[str, int], int] = {}
         for steps in self._steps.values():
             for t in steps:
+                if t.device.type == "meta":
+                    seen[("meta", id(t))] = t.numel() * t.element_size()
+                    continue
                 s = t.untyped_storage()
                 seen[(str(t.device), s.data_ptr())] = s.nbytes()
         return sum(seen.values())
@@ -137,7 +143,7 @@ def capture(
     :class:`ActivationCache` (every call: also during ``generate``/``stream``).
 
     Args:
-        model: a GPT, BERT, ViT or EncoderDecoderTransformer.
+        model: a GPT, BERT, ViT, CCT or EncoderDecoderTransformer.
         names: ``None`` (every point), an exact name, a glob pattern, a list of them, or a
             predicate ``name -> bool`` (:func:`attnlab.inspect.points.select`).
         device, dtype: store converted copies (``dtype`` applies to floating tensors only).

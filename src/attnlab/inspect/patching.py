@@ -127,7 +127,7 @@ def activation_patching(
     """Patch each slice of each chosen activation from the clean run into the corrupted one.
 
     Args:
-        model: a GPT, BERT, ViT or EncoderDecoderTransformer (run in eval mode, restored after).
+        model: a GPT, BERT, ViT, CCT or encoder-decoder (run in eval mode, restored after).
         clean, corrupted: the model's positional input(s): a tensor, or a tuple such as
             ``(src, tgt)``; both of the same shapes.
         names: the activations to patch (names, glob patterns or a predicate, as

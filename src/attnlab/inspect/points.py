@@ -1,13 +1,13 @@
 """Hook points: the named activations of every attnlab model, listed and selected.
 
-One naming scheme for the four families (``L`` a layer index; encoder-decoder models put the
+One naming scheme for every family (``L`` a layer index; encoder-decoder models put the
 per-stack names under ``encoder.`` / ``decoder.``):
 
 | name | shape | what |
 |---|---|---|
 | ``embed.token`` | (B, T, E) | token embeddings (scaled by sqrt(E) where the model does) |
 | ``embed.segment`` | (B, T, E) | BERT's segment (token type) embeddings |
-| ``embed.patch`` | (B, P, E) | ViT's patch projections ([CLS] not included) |
+| ``embed.patch`` | (B, P, E) | ViT's patch projections ([CLS] not included), CCT's tokens |
 | ``embed.position`` | (B, T, E) | the added position term (learned, sinusoidal) |
 | ``layers.L.resid_pre`` | (B, T, E) | the residual stream entering layer L |
 | ``layers.L.attn.q`` | (B, H, T, D) | queries, after RoPE |
@@ -47,6 +47,7 @@ from attnlab.layers.feedforward import FeedForward
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.layers.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from attnlab.models.bert import BERT
+from attnlab.models.cct import CCT
 from attnlab.models.gpt import GPT
 from attnlab.models.transformer import EncoderDecoderTransformer
 from attnlab.models.vit import ViT
@@ -141,7 +142,7 @@ def hook_points(model: nn.Module) -> list[HookPoint]:
     """Every hook point of ``model``, in the order a forward pass reaches them.
 
     Raises:
-        TypeError: for a model that is not a GPT, BERT, ViT or EncoderDecoderTransformer.
+        TypeError: for a model that is not a GPT, BERT, ViT, CCT or EncoderDecoderTransformer.
     """
     if isinstance(model, EncoderDecoderTransformer):
         return _encoder_decoder(model)
@@ -156,15 +157,16 @@ def hook_points(model: nn.Module) -> list[HookPoint]:
         points += _output(model.segment_embed, "embed.segment")
         points += _position(model.pos_encoding, "embed.position")
         tail = _output(model.final_norm, "final_norm") + _output(model.mlm, "logits", vocab)
-    elif isinstance(model, ViT):
-        points += _output(model.patch_embed, "embed.patch")
+    elif isinstance(model, ViT | CCT):
+        patches = model.patch_embed if isinstance(model, ViT) else model.tokenizer
+        points += _output(patches, "embed.patch")
         points += _position(model.pos_encoding, "embed.position")
         tail = _output(model.final_norm, "final_norm")
         tail += _output(model.head, "logits", ("batch", "class"))
     else:
         raise TypeError(
-            f"attnlab.inspect has hook points for GPT, BERT, ViT and EncoderDecoderTransformer "
-            f"models, got {type(model).__name__}"
+            f"attnlab.inspect has hook points for GPT, BERT, ViT, CCT and "
+            f"EncoderDecoderTransformer models, got {type(model).__name__}"
         )
     return points + _stack(model.layers, "") + tail
 
