@@ -47,13 +47,20 @@ from attnlab.models import build_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-# name -> (preset, overrides, batch, tokens)
-SHAPES: dict[str, tuple[str, dict[str, Any], int, int]] = {
-    "baby GPT (T=64)": ("gpt-char-baby", {"dropout": 0.0}, 12, 64),
-    "GPT-2 small (T=256)": ("gpt2-small", {"dropout": 0.0}, 1, 256),
-    "BERT-base (T=128)": ("bert-base", {"dropout": 0.0}, 1, 128),
+# name -> (preset, overrides, batch, tokens, mode): "forward" times model(ids) over B x T tokens;
+# "decode" times generate() of DECODE_TOKENS greedy tokens after a T-token prompt (KV cache: one
+# token per step, where a Python-level cost would show most).
+DECODE_TOKENS = 32
+SHAPES: dict[str, tuple[str, dict[str, Any], int, int, str]] = {
+    "baby GPT (T=64)": ("gpt-char-baby", {"dropout": 0.0}, 12, 64, "forward"),
+    "baby GPT decode (32 tokens)": ("gpt-char-baby", {"dropout": 0.0}, 1, 16, "decode"),
+    "GPT-2 small (T=256)": ("gpt2-small", {"dropout": 0.0}, 1, 256, "forward"),
+    "BERT-base (T=128)": ("bert-base", {"dropout": 0.0}, 1, 128, "forward"),
 }
-SMOKE = {"tiny GPT (smoke)": ("gpt-char-baby", {"dropout": 0.0, "n_layers": 2}, 2, 16)}
+SMOKE = {
+    "tiny GPT (smoke)": ("gpt-char-baby", {"dropout": 0.0, "n_layers": 2}, 2, 16, "forward"),
+    "tiny GPT decode (smoke)": ("gpt-char-baby", {"dropout": 0.0, "n_layers": 2}, 1, 4, "decode"),
+}
 
 
 # ---- the site-free forwards (attnlab's code before issue 21) ---------------------------------
@@ -175,13 +182,17 @@ def _time(fn: Callable[[], Any], iters: int) -> float:
     return (time.perf_counter() - start) / iters
 
 
-def bench(name: str, preset: str, overrides: dict[str, Any], batch: int, tokens: int,
+def bench(name: str, preset: str, overrides: dict[str, Any], batch: int, tokens: int, mode: str,
           args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+    from attnlab.generation import generate
+
     torch.manual_seed(0)
     model = build_model(preset, **overrides).eval()
     ids = _inputs(model, batch, tokens)
 
     def run() -> Any:
+        if mode == "decode":
+            return generate(model, ids, max_new_tokens=DECODE_TOKENS, eos_id=None)
         with torch.inference_mode():
             return model(ids)
 
@@ -221,7 +232,7 @@ def bench(name: str, preset: str, overrides: dict[str, Any], batch: int, tokens:
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
         "shape": name, "preset": preset, "overrides": overrides, "batch": batch, "tokens": tokens,
-        "median_s": med, "times_s": times,
+        "mode": mode, "median_s": med, "times_s": times,
         "overhead": med["hooked"] / med["plain"] - 1.0,
         "overhead_one_hook": med["one hook elsewhere"] / med["plain"] - 1.0,
     }  # fmt: skip
@@ -239,7 +250,8 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any], args: argparse
         + (" (SMOKE)" if args.smoke else ""),
         "",
         describe_machine(meta, torch.get_num_threads()) + ".",
-        f"Median over {args.rounds} interleaved rounds of {args.iters} inference forwards each.",
+        f"Median over {args.rounds} interleaved rounds of {args.iters} calls each (a forward, or "
+        f"a {DECODE_TOKENS}-token greedy generate for the decode rows), inference mode.",
         "",
         "| shape | plain (ms) | hooked, nothing attached (ms) | overhead "
         "| one hook on logits (ms) | overhead |",
