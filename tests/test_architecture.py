@@ -17,7 +17,7 @@ FLOORS = {
     "attnlab.layers": 1,
     "attnlab.models": 2,
     "attnlab.transforms": 3.0, "attnlab.interop": 3.0, "attnlab.analysis": 3.0,
-    "attnlab.tokenizers": 3.0,
+    "attnlab.tokenizers": 3.0, "attnlab.inspect": 3.0,
     "attnlab.pretrained": 3.1, "attnlab.generation": 3.1,
     "attnlab.sentence": 3.2,
     "attnlab.translation": 4.0,

@@ -27,7 +27,8 @@ def _bert_reference(model: BERT, ids: torch.Tensor, mask: torch.Tensor) -> list[
     out = []
     for layer in model.layers:
         h = layer.enter(x, layer.self_attn_norm)
-        a, w = layer.self_attn(h, mask=as_attention_mask(mask), need_weights=True)  # math path
+        a, _ = layer.self_attn(h, mask=as_attention_mask(mask))  # the backend, as the model runs
+        _, w = layer.self_attn(h, mask=as_attention_mask(mask), need_weights=True)  # math path
         x = layer.leave(x, a, layer.self_attn_norm)
         x = layer.leave(x, layer.ffn(layer.enter(x, layer.ffn_norm)), layer.ffn_norm)
         out.append(w)

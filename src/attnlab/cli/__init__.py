@@ -9,6 +9,7 @@ Each module adds one command group and turns its flags into library calls:
     attnlab translate MODEL_OR_RUN           cli.translate
     attnlab analyze PRESET_OR_CONFIG         cli.analyze
     attnlab embed MODEL_DIR --text ...       cli.embed
+    attnlab inspect MODEL --text ...         cli.inspect  (activation cache, logit lens)
     attnlab viz KIND ...                     cli.viz
     attnlab bench attention ...              cli.bench
     attnlab convert-run RUN_DIR              cli.convert
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 
 from attnlab import __version__
 from attnlab.cli import analyze, bench, convert, embed, evaluate, generate, sample, train, translate
+from attnlab.cli import inspect as inspect_cli
 from attnlab.cli import quantize as quantize_cli
 from attnlab.cli import viz as viz_cli
 
@@ -40,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action="version", version=f"attnlab {__version__} (torch {torch.__version__})"
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (train, sample, evaluate, generate, translate, analyze, embed, viz_cli, bench,
-                   convert, quantize_cli):  # fmt: skip
+    for module in (train, sample, evaluate, generate, translate, analyze, embed, inspect_cli,
+                   viz_cli, bench, convert, quantize_cli):  # fmt: skip
         module.add_parser(commands)
     return parser
 

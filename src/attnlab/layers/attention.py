@@ -19,6 +19,7 @@ to returns zeros (finite gradients) instead of NaN.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -84,6 +85,7 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     scale: float | None = None,
     return_weights: bool = False,
+    hook: Callable[[str, Tensor], Tensor] | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Eq. (1): ``softmax(q kᵀ · scale + mask) v``, the readable reference path.
 
@@ -96,6 +98,9 @@ def scaled_dot_product_attention(
         dropout_p: dropout on the attention weights (pass 0.0 in eval).
         scale: score scale; default ``1 / sqrt(D)``.
         return_weights: also return the attention weights (before dropout).
+        hook: called as ``hook("scores", scores)`` (scaled and masked, before the softmax, in at
+            least float32) and ``hook("weights", weights)`` (after it); each may return a
+            replacement, which the rest of the computation uses (:mod:`attnlab.inspect`).
 
     Shapes:
         q ``(B, H, T, D)``, k ``(B, H_kv, S, D)``, v ``(B, H_kv, S, Dv)`` ->
@@ -134,6 +139,8 @@ def scaled_dot_product_attention(
     if keep is not None:
         scores = scores.masked_fill(~keep, neg)
     scores = scores.clamp_min(neg)  # additive masks may have pushed scores to -inf
+    if hook is not None:
+        scores = hook("scores", scores)
 
     weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
     if keep is not None:
@@ -142,6 +149,8 @@ def scaled_dot_product_attention(
         # Masked keys get exactly zero weight even when a whole row sits at finfo.min.
         weights = weights.masked_fill(~keep, 0.0)
     weights = weights.to(q.dtype)
+    if hook is not None:
+        weights = hook("weights", weights)
     attn = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
     out = attn @ v  # (B, H, T, Dv)
     if return_weights:

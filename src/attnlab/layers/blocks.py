@@ -12,8 +12,11 @@ the model's builder makes from its config (:mod:`attnlab.models.common`); the la
 wires the residual connections. Module names follow ``torch.nn``'s order:
 ``self_attn``/``self_attn_norm``, ``cross_attn``/``cross_attn_norm``, ``ffn``/``ffn_norm``.
 A layer returns its output only; attention weights are read from the attention modules
-(``MultiHeadAttention(need_weights=True)``, switched on from outside by forward hooks, as
-:mod:`attnlab.viz.capture` does).
+(``MultiHeadAttention(need_weights=True)``) or through hook sites.
+
+Hook sites (:mod:`attnlab.layers.hooks`), all ``(B, T, E)``: ``resid_pre`` (the layer's input),
+``resid_mid`` (after the self-attention sublayer), ``resid_cross`` (after cross-attention),
+``ffn.out`` (the FFN's output, before dropout and the residual add), ``resid_post`` (the output).
 
 Shapes: B batch, T target length, S source length, E d_model, H heads.
 Masks: bool True = may attend, float additive, broadcastable to (B, H, T, S).
@@ -21,10 +24,11 @@ Masks: bool True = may attend, float additive, broadcastable to (B, H, T, S).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from torch import Tensor, nn
 
+from attnlab.layers.hooks import ActivationHook
 from attnlab.layers.kv_cache import CrossKVCache, LayerKVCache
 from attnlab.layers.multihead import MultiHeadAttention
 
@@ -33,6 +37,14 @@ NormPosition = Literal["pre", "post"]
 
 class _ResidualBlock(nn.Module):
     """Shared residual plumbing: ``enter`` before a sublayer, ``leave`` after it."""
+
+    ffn: nn.Module
+    ffn_norm: nn.Module
+    # Hook sites (attnlab.layers.hooks): None costs one attribute read per site.
+    activation_hook: ActivationHook | None = None
+    HOOK_SITES: ClassVar[tuple[str, ...]] = (
+        "resid_pre", "resid_mid", "resid_cross", "ffn.out", "resid_post",
+    )  # fmt: skip
 
     def __init__(self, dropout: float, norm_position: NormPosition) -> None:
         super().__init__()
@@ -49,6 +61,17 @@ class _ResidualBlock(nn.Module):
         """Residual add with dropout, then ``Norm`` for post-norm."""
         x = x + self.dropout(out)
         return x if self.pre_norm else norm(x)
+
+    def site(self, name: str, x: Tensor) -> Tensor:
+        """Hook site ``name`` (call only when ``activation_hook`` is set)."""
+        return x if self.activation_hook is None else self.activation_hook(name, x)
+
+    def feed_forward(self, x: Tensor) -> Tensor:
+        """The FFN sublayer (its ``ffn.out`` site included): ``(B, T, E) -> (B, T, E)``."""
+        f = self.ffn(self.enter(x, self.ffn_norm))
+        if self.activation_hook is not None:
+            f = self.activation_hook("ffn.out", f)
+        return self.leave(x, f, self.ffn_norm)
 
 
 class EncoderLayer(_ResidualBlock):
@@ -91,6 +114,9 @@ class EncoderLayer(_ResidualBlock):
         cache: LayerKVCache | None = None,
     ) -> Tensor:
         """x ``(B, T, E)`` -> ``(B, T, E)``; ``mask`` broadcastable to (B, H, T, S)."""
+        hooked = self.activation_hook is not None
+        if hooked:
+            x = self.site("resid_pre", x)
         a, _ = self.self_attn(
             self.enter(x, self.self_attn_norm),
             mask=mask,
@@ -99,7 +125,10 @@ class EncoderLayer(_ResidualBlock):
             cache=cache,
         )
         x = self.leave(x, a, self.self_attn_norm)
-        return self.leave(x, self.ffn(self.enter(x, self.ffn_norm)), self.ffn_norm)
+        if hooked:
+            x = self.site("resid_mid", x)
+        x = self.feed_forward(x)
+        return self.site("resid_post", x) if hooked else x
 
 
 class DecoderLayer(_ResidualBlock):
@@ -166,6 +195,9 @@ class DecoderLayer(_ResidualBlock):
             ValueError: without ``memory`` (or a filled ``cross_cache``) for a layer with
                 cross-attention.
         """
+        hooked = self.activation_hook is not None
+        if hooked:
+            x = self.site("resid_pre", x)
         a, _ = self.self_attn(
             self.enter(x, self.self_attn_norm),
             mask=mask,
@@ -174,10 +206,15 @@ class DecoderLayer(_ResidualBlock):
             cache=cache,
         )
         x = self.leave(x, a, self.self_attn_norm)
+        if hooked:
+            x = self.site("resid_mid", x)
         if self.cross_attn is not None and self.cross_attn_norm is not None:
             if memory is None and not (cross_cache is not None and cross_cache.is_set):
                 raise ValueError("this decoder layer has cross-attention: pass the encoder memory")
             q = self.enter(x, self.cross_attn_norm)
             c, _ = self.cross_attn(q, memory, mask=memory_mask, cross_cache=cross_cache)
             x = self.leave(x, c, self.cross_attn_norm)
-        return self.leave(x, self.ffn(self.enter(x, self.ffn_norm)), self.ffn_norm)
+            if hooked:
+                x = self.site("resid_cross", x)
+        x = self.feed_forward(x)
+        return self.site("resid_post", x) if hooked else x

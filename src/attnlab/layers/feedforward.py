@@ -8,6 +8,9 @@
 
 Shapes: (B, T, E) -> (B, T, E); hidden (B, T, F) with F = d_ff.
 
+Hook sites (:mod:`attnlab.layers.hooks`): ``gate`` ``act(x W_gate)`` (GLU variants) and
+``hidden`` (the input of ``down_proj``, after the activation), both ``(B, T, F)``.
+
 Deviations from the paper: optional dropout on the hidden activations (as torch.nn and the
 Annotated Transformer do); the paper only applies dropout to sublayer outputs.
 """
@@ -15,10 +18,12 @@ Annotated Transformer do); the paper only applies dropout to sublayer outputs.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.layers.hooks import ActivationHook
 from attnlab.registry import Registry
 
 ACTIVATIONS: Registry[Callable[[Tensor], Tensor]] = Registry("activation")
@@ -48,6 +53,10 @@ class FeedForward(nn.Module):
         ValueError: for an unknown activation (listing the valid ones) or non-positive sizes.
     """
 
+    # Hook sites (attnlab.layers.hooks): None costs one attribute read per site.
+    activation_hook: ActivationHook | None = None
+    HOOK_SITES: ClassVar[tuple[str, ...]] = ("gate", "hidden")
+
     def __init__(
         self,
         d_model: int,
@@ -74,10 +83,16 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x ``(B, T, E)`` -> ``(B, T, E)``."""
+        hook = self.activation_hook
         if self.gate_proj is not None:
-            h = self.act(self.gate_proj(x)) * self.up_proj(x)  # (B, T, F)
+            g = self.act(self.gate_proj(x))  # (B, T, F)
+            if hook is not None:
+                g = hook("gate", g)
+            h = g * self.up_proj(x)  # (B, T, F)
         else:
             h = self.act(self.up_proj(x))  # (B, T, F)
+        if hook is not None:
+            h = hook("hidden", h)
         return self.down_proj(self.dropout(h))
 
     def extra_repr(self) -> str:

@@ -11,16 +11,23 @@ Shapes: B batch, T queries, S keys, E d_model, H heads, H_kv kv heads, D = E / H
 Masks: bool True = may attend, float additive, broadcastable to (B, H, T, S); a 2-D mask is
 ``(T, S)`` (shared by the batch), so per-sequence key padding must be passed as ``(B, 1, 1, S)``
 (see :func:`attnlab.layers.masks.as_attention_mask`).
+
+Hook sites (:mod:`attnlab.layers.hooks`): ``q`` ``(B, H, T, D)``, ``k``/``v`` ``(B, H_kv, ·, D)``
+of the tokens this call projects (after RoPE, before the cache), ``scores``/``weights``
+``(B, H, T, S)`` (the math path, see :meth:`MultiHeadAttention._attention_with_weights`), ``z``
+the per-head outputs ``(B, T, H, D)`` before W^O, ``out`` ``(B, T, E)``.
 """
 
 from __future__ import annotations
 
-from typing import cast
+from typing import ClassVar, cast
 
+import torch
 from torch import Tensor, nn
 
 from attnlab.layers.attention import scaled_dot_product_attention
 from attnlab.layers.attention_backends import AttentionBackend, get_attention_backend
+from attnlab.layers.hooks import ActivationHook
 from attnlab.layers.kv_cache import CrossKVCache, LayerKVCache, positions_for
 from attnlab.layers.masks import combine_masks
 from attnlab.layers.positional import PositionalEncoding
@@ -43,6 +50,10 @@ class MultiHeadAttention(nn.Module):
         ValueError: if ``n_heads`` does not divide ``d_model`` or ``n_kv_heads`` does not divide
             ``n_heads``, or for an unknown backend.
     """
+
+    # Hook sites (attnlab.layers.hooks): None costs one attribute read per site.
+    activation_hook: ActivationHook | None = None
+    HOOK_SITES: ClassVar[tuple[str, ...]] = ("q", "k", "v", "scores", "weights", "z", "out")
 
     def __init__(
         self,
@@ -113,6 +124,9 @@ class MultiHeadAttention(nn.Module):
             )
         k = self._heads(self.k_proj(memory), self.n_kv_heads)  # (B, H_kv, S, D)
         v = self._heads(self.v_proj(memory), self.n_kv_heads)  # (B, H_kv, S, D)
+        hook = self.activation_hook
+        if hook is not None:
+            k, v = hook("k", k), hook("v", v)
         if cache is not None:
             cache.set(k, v)
         return k, v
@@ -153,6 +167,7 @@ class MultiHeadAttention(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must be (B, T, {self.d_model}), got shape {tuple(x.shape)}")
         B, T, _ = x.shape
+        hook = self.activation_hook
         cross = memory is not None or cross_cache is not None
         if cross and cache is not None:
             raise ValueError("cross-attention takes cross_cache, not a self-attention cache")
@@ -163,28 +178,52 @@ class MultiHeadAttention(nn.Module):
                     positions = positions_for(T, cache, x.device)
                 q = self.rotary.rotate(q, positions)
                 k = self.rotary.rotate(k, positions)
+            if hook is not None:
+                q, k, v = hook("q", q), hook("k", k), hook("v", v)
             if cache is not None:
                 k, v = cache.update(k, v)  # (B, H_kv, S, D)
         else:
             q = self._heads(self.q_proj(x), self.n_heads)  # (B, H, T, D)
+            if hook is not None:
+                q = hook("q", q)
             k, v = self._cross_keys_values(memory, cross_cache, B)  # (B, H_kv, S, D) each
         dropout_p = self.dropout if self.training else 0.0
         weights: Tensor | None = None
-        if need_weights:
-            out, weights = self._attention_with_weights(q, k, v, mask, is_causal, dropout_p)
+        if need_weights or (hook is not None and (hook.wants("scores") or hook.wants("weights"))):
+            out, weights = self._attention_with_weights(
+                q, k, v, mask, is_causal, dropout_p, exact_output=need_weights
+            )
         else:
             out = self.backend(q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p)
-        out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.d_head)  # (B, T, H·D)
-        return self.out_proj(out), weights
+        out = out.transpose(1, 2)  # (B, T, H, D)
+        if hook is not None:
+            out = hook("z", out)
+        out = self.out_proj(out.reshape(B, T, self.n_heads * self.d_head))  # (B, T, E)
+        if hook is not None:
+            out = hook("out", out)
+        return out, weights if need_weights else None
 
     def _attention_with_weights(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, p: float
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
+        p: float,
+        *,
+        exact_output: bool = True,
     ) -> tuple[Tensor, Tensor]:
         """The math path, with this backend's sparsity pattern, so weights are the real ones.
 
         Exact softmax backends (math, sdpa, chunked) need nothing extra; a backend with a
         ``dense_mask`` (sliding window) contributes its pattern as a mask; a backend that computes
         no softmax weights (linear attention, ``softmax = False``) raises ``ValueError``.
+
+        The ``scores`` and ``weights`` hook sites fire here. The output is the math path's
+        (``weights @ v``) when ``exact_output`` (``need_weights``) or when a hook replaced the
+        scores or weights with other values; otherwise the backend computes it as usual, so that
+        reading (or re-writing unchanged) the weights leaves the output bitwise unchanged.
         """
         if getattr(self.backend, "softmax", True) is False:
             raise ValueError(
@@ -192,13 +231,28 @@ class MultiHeadAttention(nn.Module):
                 "use a softmax backend (math, sdpa, chunked, sliding_window) for need_weights"
             )
         dense_mask = getattr(self.backend, "dense_mask", None)
+        math_mask = mask
         if dense_mask is not None:
             T, S = q.shape[-2], k.shape[-2]
-            mask = combine_masks(mask, dense_mask(T, S, is_causal=is_causal, device=q.device))
-        out = scaled_dot_product_attention(
-            q, k, v, mask=mask, is_causal=is_causal, dropout_p=p, return_weights=True
-        )
-        return cast(tuple[Tensor, Tensor], out)
+            math_mask = combine_masks(mask, dense_mask(T, S, is_causal=is_causal, device=q.device))
+        hook, edited = self.activation_hook, False
+
+        def site(name: str, x: Tensor) -> Tensor:
+            nonlocal edited
+            y = hook(name, x) if hook is not None else x
+            edited = edited or not (y is x or torch.equal(y, x))  # same values: not an edit
+            return y
+
+        out, weights = cast(
+            tuple[Tensor, Tensor],
+            scaled_dot_product_attention(
+                q, k, v, mask=math_mask, is_causal=is_causal, dropout_p=p, return_weights=True,
+                hook=site,
+            ),
+        )  # fmt: skip
+        if not (exact_output or edited):
+            out = self.backend(q, k, v, mask=mask, is_causal=is_causal, dropout_p=p)
+        return out, weights
 
     def extra_repr(self) -> str:
         return (

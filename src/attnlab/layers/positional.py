@@ -26,13 +26,21 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from attnlab.layers.hooks import ActivationHook
 from attnlab.registry import Registry
 
 RopeScaling = Literal["none", "linear", "ntk", "dynamic"]
 
 
 class PositionalEncoding(nn.Module):
-    """Base class: every hook is the identity; subclasses override what they use."""
+    """Base class: every hook is the identity; subclasses override what they use.
+
+    The additive encodings (sinusoidal, learned) have a hook site (:mod:`attnlab.layers.hooks`),
+    ``position``: the added term, ``(B, T, E)``.
+    """
+
+    # Hook site (attnlab.layers.hooks): None costs one attribute read.
+    activation_hook: ActivationHook | None = None
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         """Add position information to embeddings. x ``(B, T, E)``, positions ``(T,)|(B, T)``."""
@@ -91,6 +99,8 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         check_positions(positions, x, 1)
         pe = sinusoidal_table(positions, self.d_model, self.base).to(x.dtype)  # (T|B,T, E)
+        if self.activation_hook is not None:
+            pe = self.activation_hook("position", pe.expand_as(x))  # (B, T, E)
         return x + pe
 
 
@@ -114,7 +124,10 @@ class LearnedPositionalEmbedding(PositionalEncoding):
                 f"position {int(positions.max())} is outside the learned table of "
                 f"max_seq_len={self.max_seq_len}"
             )
-        return x + self.weight[positions].to(x.dtype)  # (T|B,T, E)
+        pe = self.weight[positions].to(x.dtype)  # (T|B,T, E)
+        if self.activation_hook is not None:
+            pe = self.activation_hook("position", pe.expand_as(x))  # (B, T, E)
+        return x + pe
 
 
 class RotaryEmbedding(PositionalEncoding):

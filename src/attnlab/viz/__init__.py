@@ -18,6 +18,8 @@ drawn; importing this package does not need it. Every ``plot_*`` function return
 - :mod:`~attnlab.viz.curves`: train/val loss from JSON Lines metrics files, runs overlaid;
 - :mod:`~attnlab.viz.bench`: time and memory vs n on log-log axes, for the benchmarks;
 - :mod:`~attnlab.viz.moe`: expert load over training of mixture-of-experts runs;
+- :mod:`~attnlab.viz.inspect_plots`: activation patching heatmaps, the logit lens
+  (:mod:`attnlab.inspect`);
 - :mod:`~attnlab.viz.cli`: ``attnlab viz ...`` (:func:`add_viz_subparser`).
 """
 
@@ -32,6 +34,7 @@ from attnlab.viz.capture import (
     record_attention,
 )
 from attnlab.viz.curves import RunMetrics, plot_curves, read_metrics
+from attnlab.viz.inspect_plots import plot_logit_lens, plot_patching
 from attnlab.viz.masks import MASK_KINDS, mask_data, plot_masks
 from attnlab.viz.moe import plot_expert_load, read_expert_load
 from attnlab.viz.positional import POSITIONAL_KINDS, plot_positional, positional_data
@@ -56,7 +59,9 @@ __all__ = [
     "plot_expert_load",
     "plot_head_scores",
     "plot_layer",
+    "plot_logit_lens",
     "plot_masks",
+    "plot_patching",
     "plot_positional",
     "plot_rollout",
     "plot_schedule",

@@ -1,11 +1,11 @@
 """Record the attention weights of every layer of a whole model, and attention rollout.
 
-:func:`record_attention` hooks every :class:`~attnlab.layers.multihead.MultiHeadAttention` of a
-model: a forward pre-hook turns on ``need_weights=True`` for the call (so the layer runs the math
-path, with its backend's sparsity pattern, and its weights are the real ones even for a model that
-normally runs on SDPA), and a forward hook keeps the weights. No model code changes; the hooks
-are removed on exit. :func:`collect_attention` runs a forward pass under it and groups the weights
-by stack:
+:func:`record_attention` hooks the ``weights`` site (:mod:`attnlab.layers.hooks`, the mechanism
+of :mod:`attnlab.inspect`) of every :class:`~attnlab.layers.multihead.MultiHeadAttention` of a
+model: each layer recomputes its weights on the math path, with its backend's sparsity pattern,
+so they are the real ones even for a model that runs on SDPA, while its output still comes from
+its backend. No model code changes; the hooks are removed on exit. :func:`collect_attention`
+runs a forward pass under it and groups the weights by stack:
 
 - ``"self"``: the layers of a BERT, GPT or ViT (module names ``layers.<i>.self_attn``);
 - ``"encoder"``, ``"decoder"``, ``"cross"``: an encoder-decoder's encoder self-attention, decoder
@@ -36,45 +36,53 @@ _NAME = re.compile(r"^(?:(?P<prefix>.+)\.)?layers\.(?P<index>\d+)\.(?P<attr>self
 HeadFusion = Literal["mean", "max", "min"]
 
 
+class _WeightsRecorder:
+    """An attention module's ``activation_hook`` (:mod:`attnlab.layers.hooks`) that keeps the
+    ``weights`` site: the layer then computes its weights on the math path beside its backend."""
+
+    def __init__(self, calls: list[Tensor]) -> None:
+        self.calls = calls
+
+    def wants(self, site: str) -> bool:
+        return site == "weights"
+
+    def __call__(self, site: str, x: Tensor) -> Tensor:
+        if site == "weights":
+            self.calls.append(x.detach())
+        return x
+
+
 @contextlib.contextmanager
 def record_attention(model: nn.Module) -> Iterator[dict[str, list[Tensor]]]:
-    """Within the ``with`` block, every attention module of ``model`` returns its weights.
+    """Within the ``with`` block, every attention module of ``model`` records its weights.
 
     Yields a dict, filled as the model runs: module name -> the weights of each call, in call
-    order, detached, ``(B, H, T, S)`` each.
+    order, detached, ``(B, H, T, S)`` each. Works on any module tree (a model, one block).
 
     Raises:
-        ValueError: if ``model`` has no :class:`MultiHeadAttention`, or (while running) if a layer's
-            backend computes no softmax weights (linear attention).
+        ValueError: if ``model`` has no :class:`MultiHeadAttention` or one is already hooked
+            (by :mod:`attnlab.inspect`), or (while running) if a layer's backend computes no
+            softmax weights (linear attention).
     """
     records: dict[str, list[Tensor]] = {}
-    handles = []
-
-    def make_hooks(name: str) -> tuple[Any, Any]:
-        def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            return args, {**kwargs, "need_weights": True}
-
-        def post(
-            module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
-        ) -> None:
-            weights = output[1]
-            if weights is not None:
-                records.setdefault(name, []).append(weights.detach())
-
-        return pre, post
-
     modules = [(n, m) for n, m in model.named_modules() if isinstance(m, MultiHeadAttention)]
     if not modules:
         raise ValueError(f"{type(model).__name__} has no MultiHeadAttention module to record")
+    busy = [n for n, m in modules if "activation_hook" in m.__dict__]
+    if busy:
+        raise ValueError(
+            f"attention modules {busy} are already hooked (attnlab.inspect); read the weights "
+            "there: attnlab.inspect.capture(model, '*attn.weights')"
+        )
     try:
         for name, module in modules:
-            pre, post = make_hooks(name)
-            handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-            handles.append(module.register_forward_hook(post, with_kwargs=True))
+            module.__dict__["activation_hook"] = _WeightsRecorder(records.setdefault(name, []))
         yield records
     finally:
-        for h in handles:
-            h.remove()
+        for _, module in modules:
+            module.__dict__.pop("activation_hook", None)
+        for name in [n for n, calls in records.items() if not calls]:
+            del records[name]
 
 
 def stack_of(name: str) -> tuple[str, int]:
