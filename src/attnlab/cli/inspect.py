@@ -127,7 +127,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     directory, tokenizer = resolve(args.model, args.tokenizer)
     if hasattr(getattr(tokenizer, "backend", None), "no_padding"):
         tokenizer.backend.no_padding()  # one sequence: a checkpoint's padding is not wanted
-    model = from_pretrained(directory).eval()
+    model = from_pretrained(directory)  # in eval mode
     inputs, labels = _inputs(args, model, tokenizer)
     print(f"tokens ({len(labels)}): {labels}")
     if args.list or args.out:
