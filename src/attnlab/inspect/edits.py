@@ -66,7 +66,8 @@ def _replace(axis: int, index: Sequence[int], mode: Mode, mean: Tensor | None) -
         if mode == "zero":
             y[where] = 0
         else:
-            assert mean is not None
+            if mean is None:
+                raise ValueError(f"mean ablation of {name} needs the mean activations")
             y[where] = mean.to(device=x.device, dtype=x.dtype).expand_as(x)[where]
         return y
 
@@ -75,13 +76,15 @@ def _replace(axis: int, index: Sequence[int], mode: Mode, mean: Tensor | None) -
 
 def _n_heads(point: HookPoint) -> int:
     module = point.module
-    assert isinstance(module, MultiHeadAttention)
+    if not isinstance(module, MultiHeadAttention):
+        raise TypeError(f"{point.name} is not a point of an attention layer (heads)")
     return module.n_heads
 
 
 def _d_ff(point: HookPoint) -> int:
     module = point.module
-    assert isinstance(module, FeedForward)
+    if not isinstance(module, FeedForward):
+        raise TypeError(f"{point.name} is not a point of a feed-forward layer (neurons)")
     return module.up_proj.out_features
 
 
