@@ -26,7 +26,7 @@ from attnlab.interop.family import (
     UnsupportedCheckpointError,
     require,
 )
-from attnlab.interop.keymap import KeyMap, params, per_layer, same
+from attnlab.interop.keymap import Entry, KeyMap, params, per_layer, same
 from attnlab.layers.feedforward import GATED
 from attnlab.models.gpt import GPT, GPTConfig
 
@@ -49,9 +49,15 @@ def keymap(c: GPTConfig) -> KeyMap:
         same("layers.{i}.self_attn_norm.weight", "layers.{i}.input_layernorm.weight"),
         same("layers.{i}.ffn_norm.weight", "layers.{i}.post_attention_layernorm.weight"),
     ]
+    return ends(c, per_layer(c.n_layers, layer))
+
+
+def ends(c: GPTConfig, body: list[Entry]) -> KeyMap:
+    """Embedding + ``body`` + final norm (+ untied head), and the keys transformers may add
+    (Llama and the families built on it: Mixtral, Qwen2-MoE)."""
     entries = [
         same("tok_embed.weight", "embed_tokens.weight"),
-        *per_layer(c.n_layers, layer),
+        *body,
         same("final_norm.weight", "norm.weight"),
     ]
     duplicates = {}

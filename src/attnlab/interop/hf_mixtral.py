@@ -20,7 +20,7 @@ from collections.abc import Collection
 from typing import Any
 
 from attnlab.interop.family import HFConfig, HFFamily, UnsupportedCheckpointError, require
-from attnlab.interop.hf_llama import _GATE_ACT, _rope
+from attnlab.interop.hf_llama import _GATE_ACT, _rope, ends
 from attnlab.interop.keymap import Entry, KeyMap, per_layer, same
 from attnlab.layers.feedforward import GATED
 from attnlab.models.common import moe_layer_indices
@@ -45,22 +45,6 @@ def attention_rows(qkv_bias: bool = False) -> list[Entry]:
         same("layers.{i}.ffn_norm.weight", "layers.{i}.post_attention_layernorm.weight"),
     ]
     return rows
-
-
-def ends(c: GPTConfig, body: list[Entry]) -> KeyMap:
-    """Embedding + ``body`` + final norm (+ untied head), and the keys transformers may add."""
-    entries = [
-        same("tok_embed.weight", "embed_tokens.weight"),
-        *body,
-        same("final_norm.weight", "norm.weight"),
-    ]
-    duplicates = {}
-    if c.tie_output:
-        duplicates["lm_head.weight"] = "embed_tokens.weight"
-    else:
-        entries.append(same("lm_head.weight", "lm_head.weight"))
-    ignore = (r"(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq",)
-    return KeyMap(entries, ignore=ignore, duplicates=duplicates)
 
 
 def keymap(c: GPTConfig) -> KeyMap:
