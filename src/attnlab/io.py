@@ -270,6 +270,33 @@ def read_text(path: PathLike, *, what: str = "file") -> str:
         raise ValueError(f"{what} {file} is not valid UTF-8 text (byte {e.start})") from None
 
 
+def parse_json(text: str, *, source: str) -> Any:
+    """Parse JSON ``text``; ``source`` names where it came from in messages (e.g.
+    ``"model config /x/config.json"``).
+
+    Raises:
+        ValueError: for invalid JSON, nesting too deep or an integer with too many digits,
+            naming ``source``; never a bare ``RecursionError`` or parser traceback.
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{source} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ValueError(f"{source} is nested too deeply to be a real config") from None
+    except ValueError as e:  # e.g. "Exceeds the limit (4300 digits) for integer string"
+        raise ValueError(f"{source} holds a value JSON parsing refused: {e}") from None
+
+
+def parse_json_line(line: str) -> Any | None:
+    """One line of a JSON-lines file, or ``None`` for a line that does not parse (a torn last
+    line of a killed run, garbage, nesting too deep, an integer too long)."""
+    try:
+        return parse_json(line, source="line")
+    except ValueError:
+        return None
+
+
 def read_json(path: PathLike, *, what: str = "JSON file", expect: type | None = None) -> Any:
     """Parse the JSON file ``path``.
 
@@ -283,15 +310,7 @@ def read_json(path: PathLike, *, what: str = "JSON file", expect: type | None = 
             digits, or a top-level value that is not ``expect`` — each naming the file.
     """
     file = Path(path)
-    text = read_text(file, what=what)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{what} {file} is not valid JSON: {e}") from None
-    except RecursionError:
-        raise ValueError(f"{what} {file} is nested too deeply to be a real config") from None
-    except ValueError as e:  # e.g. "Exceeds the limit (4300 digits) for integer string"
-        raise ValueError(f"{what} {file} holds a value JSON parsing refused: {e}") from None
+    data = parse_json(read_text(file, what=what), source=f"{what} {file}")
     if expect is not None and not isinstance(data, expect):
         raise ValueError(
             f"{what} {file} must hold a JSON {_json_kind(expect)}, got {_json_kind(type(data))}"
@@ -315,6 +334,8 @@ __all__ = [
     "find_data_file",
     "fsync_dir",
     "json_text",
+    "parse_json",
+    "parse_json_line",
     "read_json",
     "read_text",
     "remove_stale_temp_files",

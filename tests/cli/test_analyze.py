@@ -113,7 +113,7 @@ def test_bad_input(argv: list[str], match: str, capsys: pytest.CaptureFixture[st
 def test_bad_config_files(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     for text, match in (
-        ("{not json", "cannot read config file"),
+        ("{not json", "bad.json is not valid JSON"),
         ("[1, 2]", "must hold a JSON object"),
         ('{"model_type": "t5"}', "unknown model type 't5'"),
         ('{"model_type": "gpt", "d_modle": 8}', "unknown GPTConfig keys"),

@@ -344,3 +344,110 @@ def test_atomic_write_keeps_the_old_file_on_failure_and_stale_temp_files_are_rec
     assert remove_stale_temp_files(tmp_path, recursive=False) == [ours[1]]
     assert all(f.is_file() for f in others) and not any(f.exists() for f in ours)
     assert remove_stale_temp_files(tmp_path / "missing") == []
+
+
+DAMAGES = ("pointer-to-missing-step", "pointer-outside-the-run", "pointer-garbage",
+           "delete-newest", "truncate-newest-weights", "truncate-newest-state")  # fmt: skip
+N_DAMAGE_TRIALS = 6
+
+
+def valid_steps(run_dir: Path) -> list[int]:
+    """The steps of the checkpoints on disk that load completely (weights and trainer state)."""
+    root = run_dir / "checkpoints"
+    steps = []
+    for d in sorted(root.glob("step_*")) if root.is_dir() else []:
+        try:
+            state = load_training_state(d, load_attnlab(d))
+        except Exception:  # incomplete, or damaged on purpose: not valid
+            continue
+        steps.append(int(state["step"]))
+    return steps
+
+
+def damage(run_dir: Path, what: str) -> str:
+    """Break the run directory as ``what`` says; returns what was done (for the trial's log).
+    The newest checkpoint is only damaged when an older valid one remains."""
+    root = run_dir / "checkpoints"
+    steps = valid_steps(run_dir)
+    pointer = root / "latest"
+    if what.startswith("pointer") or len(steps) < 2:
+        text = {
+            "pointer-to-missing-step": "step_99999999",
+            "pointer-outside-the-run": "../../reference/checkpoints/step_00000020",
+            "pointer-garbage": "\x00\xff junk",
+        }
+        what = what if what.startswith("pointer") else "pointer-garbage"
+        if root.is_dir():
+            pointer.write_bytes(text[what].encode("utf-8", "surrogateescape"))
+        return f"{what} (valid {steps})"
+    newest = root / f"step_{steps[-1]:08d}"
+    if what == "delete-newest":
+        shutil.rmtree(newest)
+    else:
+        name = "model.safetensors" if what == "truncate-newest-weights" else "trainer_state.json"
+        file = newest / name
+        file.write_bytes(file.read_bytes()[: max(1, file.stat().st_size // 2)])
+    return f"{what} {newest.name} (valid {steps})"
+
+
+def metrics_through(run_dir: Path, step: int) -> list[dict[str, Any]]:
+    """The records of ``metrics.jsonl`` up to ``step`` (the history a checkpoint vouches for)."""
+    if not (run_dir / "metrics.jsonl").is_file():
+        return []
+    records = []
+    for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a torn last line of a killed run
+            continue
+        if record.get("step", 0) <= step:
+            records.append({k: v for k, v in record.items() if k not in VOLATILE})
+    return records
+
+
+@pytest.mark.parametrize("trial", range(N_DAMAGE_TRIALS))
+def test_kills_with_broken_pointers_and_damaged_steps_between_them(
+    setup: Setup, trial: int
+) -> None:
+    """SIGKILLs at random file operations, and between them the run directory damaged: the
+    ``latest`` pointer naming a missing step, a path outside the run or garbage; the newest
+    step directory deleted, or its weights or trainer state truncated. After every resume
+    (killed or not) no valid checkpoint older than the damage is lost, the newest valid step
+    never goes back, and the metrics history up to it is the uninterrupted run's, line for line;
+    the final resume ends bitwise equal to the uninterrupted run."""
+    rng = random.Random(SEED + 1000 + trial)
+    run_dir = setup.tmp / "runs" / f"damaged{trial}"
+    history: list[str] = []
+    k = rng.randint(len(setup.events) // 3, math.ceil(len(setup.events) * 0.8))
+    out = setup.worker.run(request(setup, run_dir, setup.tmp / f"d{trial}-0.log", kill_at=k))
+    assert out.killed, f"the first run was not killed at operation {k}: {out}"
+    history.append(f"killed at operation {k}, valid {valid_steps(run_dir)}")
+    for attempt in range(1, rng.randint(2, 4)):
+        history.append(damage(run_dir, DAMAGES[(trial + attempt) % len(DAMAGES)]))
+        before = valid_steps(run_dir)
+        k = rng.randint(1, max(1, len(setup.events) // 3))
+        log = setup.tmp / f"d{trial}-{attempt}.log"
+        out = setup.worker.run(request(setup, run_dir, log, "--resume", kill_at=k))
+        after = valid_steps(run_dir)
+        history.append(f"resume {'killed' if out.killed else 'finished'} at operation {k}, "
+                       f"valid {after}")  # fmt: skip
+        assert out.killed or out.ok, f"{history}: the resume {out}"
+        if before:
+            assert max(after) >= max(before), f"{history}: the newest valid step went back"
+            assert set(before) - set(after) <= {s for s in before if s < min(after)}, (
+                f"{history}: a valid checkpoint disappeared out of rotation order"
+            )
+            newest = max(after)
+            assert metrics_through(run_dir, newest) == metrics_through(setup.reference, newest), (
+                f"{history}: the metrics history up to step {newest} differs"
+            )
+        if out.ok:
+            break
+    out = setup.worker.run(request(setup, run_dir, setup.tmp / f"d{trial}-end.log", "--resume"))
+    assert out.ok, f"{history}: the final resume {out}"
+    reference = weights(setup.reference)
+    for key, value in weights(run_dir).items():
+        assert torch.equal(value, reference[key]), f"{history}: {key} differs"
+    assert metrics(run_dir) == metrics(setup.reference), history
+    assert stale_temp_files(run_dir) == [], history
+    print(f"damage trial {trial}: {'; '.join(history)}")

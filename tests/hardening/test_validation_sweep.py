@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gzip
 import io
 import json
 import os
@@ -61,6 +62,7 @@ from attnlab.models import config_for, config_from_json_dict
 from attnlab.pretrained import NonFiniteWeightsError
 from attnlab.sentence import embed
 from attnlab.tokenizers import load_tokenizer as load_any_tokenizer
+from attnlab.translation.data import load_pairs
 from attnlab.viz.capture import fuse_heads
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "validation.md"
@@ -193,6 +195,30 @@ def lay_out_checkpoints(root: Path) -> None:
         return d
 
     (ck / "no_config").mkdir(parents=True)
+    for name, raw in [  # damaged config files, with weights so that the config is what fails
+        ("deep_config", b"[" * 100_000 + b"]" * 100_000),
+        ("huge_int_config", b'{"model_type": "gpt", "d_model": ' + b"9" * 5000 + b"}"),
+        ("latin1_config", '{"model_type": "gpt", "name": "Müller"}'.encode("latin-1")),
+    ]:
+        (ck / name).mkdir(parents=True)
+        (ck / name / "config.json").write_bytes(raw)
+        save_file({"x": torch.zeros(1)}, ck / name / "model.safetensors")
+    save_hf(model("gpt"), ck / "hf_bin_truncated")
+    state = load_file(ck / "hf_bin_truncated" / "model.safetensors")
+    (ck / "hf_bin_truncated" / "model.safetensors").unlink()
+    torch.save(state, ck / "hf_bin_truncated" / "pytorch_model.bin")
+    data = (ck / "hf_bin_truncated" / "pytorch_model.bin").read_bytes()
+    (ck / "hf_bin_truncated" / "pytorch_model.bin").write_bytes(data[: len(data) // 2])
+    (ck / "bad_library_tokenizer").mkdir(parents=True)
+    (ck / "bad_library_tokenizer" / "tokenizer.json").write_text('{"model": {"type": "Nope"}}')
+    m30k = root / "m30k_truncated"
+    m30k.mkdir()
+    for split in ("train", "val", "test_2016_flickr"):
+        for lang in ("de", "en"):
+            text = "".join(f"{lang} {i}\n" for i in range(20)).encode()
+            (m30k / f"{split}.{lang}.gz").write_bytes(gzip.compress(text, mtime=0))
+    packed = (m30k / "train.de.gz").read_bytes()
+    (m30k / "train.de.gz").write_bytes(packed[:-12])
     config("not_json", None, "{not json")
     config("a_list", [1, 2])
     config("t5", {"model_type": "t5", "d_model": 8})
@@ -622,6 +648,14 @@ ROWS: list[Row] = [
     Row("cli", "attnlab analyze", "--plot where no file can be written (/proc)", lambda: cli("analyze", "gpt2-small", "--sweep-seq-len", "--plot", "/proc/x.png"), CLIExitError),
     Row("cli", "attnlab generate", "a checkpoint holding NaN", lambda: cli("generate", "ckpt/nan_gpt", "--ids", "1"), CLIExitError),
     Row("cli", "attnlab train shakespeare-char", "--resume of a run whose checkpoints are gone", lambda: cli("train", "shakespeare-char", "--data=corpus.txt", "--out", "runs/lost", "--resume"), CLIExitError),
+    Row("checkpoints", "from_pretrained", "config.json nested 100,000 levels deep", lambda: attnlab.from_pretrained("ckpt/deep_config"), ValueError),
+    Row("checkpoints", "from_pretrained", "config.json with a 5,000-digit integer", lambda: attnlab.from_pretrained("ckpt/huge_int_config"), ValueError),
+    Row("checkpoints", "from_pretrained", "config.json that is not UTF-8", lambda: attnlab.from_pretrained("ckpt/latin1_config"), ValueError),
+    Row("checkpoints", "from_pretrained", "a truncated pytorch_model.bin", lambda: attnlab.from_pretrained("ckpt/hf_bin_truncated"), ValueError),
+    Row("checkpoints", "interop.load_tokenizer", "a tokenizer.json the tokenizers library refuses", lambda: load_tokenizer("ckpt/bad_library_tokenizer"), ValueError),
+    Row("training", "translation.load_pairs", "a truncated .gz data file", lambda: load_pairs("m30k_truncated", "train", "de", "en"), ValueError),
+    Row("cli", "attnlab analyze", "a config file nested 100,000 levels deep", lambda: cli("analyze", "ckpt/deep_config/config.json"), CLIExitError),
+    Row("cli", "attnlab train translate", "a truncated .gz data file", lambda: cli("train", "translate", "--data", "m30k_truncated", "--max-steps", "1", "--out", "runs/m30k"), CLIExitError),
 ]
 # fmt: on
 

@@ -34,6 +34,7 @@ from attnlab.analysis.report import analyze, plot_sweep
 from attnlab.analysis.scaling import sweep_seq_len
 from attnlab.analysis.text import format_report, format_sweep, human
 from attnlab.cli.common import check_writable, guarded
+from attnlab.io import read_json
 from attnlab.models.vit import ViTConfig
 
 # --measure really runs the model on the CPU: refuse what would not fit comfortably.
@@ -54,10 +55,7 @@ def load_config(target: str) -> tuple[str, Any]:
     if not path.is_file():
         presets = ", ".join(sorted(PRESETS))
         raise ValueError(f"{target!r} is neither a preset nor a config file; presets: {presets}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read config file {target}: {e}") from e
+    data = read_json(path, what="config file")
     if isinstance(data, dict) and isinstance(data.get("config"), dict):
         data = data["config"]
     if not isinstance(data, dict):

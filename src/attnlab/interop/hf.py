@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -111,7 +112,18 @@ def _shards(directory: Path, index_name: str) -> list[Path]:
 
 def _load_bin(file: Path) -> dict[str, Tensor]:
     # weights_only=True: tensors and plain containers only; never unpickle code.
-    data = torch.load(file, map_location="cpu", weights_only=True)
+    try:
+        data = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError(
+            f"{file} holds Python objects that weights-only loading refuses (unpickling them "
+            "could run code); it was not loaded"
+        ) from None
+    except (OSError, RuntimeError, EOFError) as e:  # truncated, not a zip archive
+        raise ValueError(
+            f"{file} is not a readable PyTorch weights file (truncated or damaged: "
+            f"{type(e).__name__}: {str(e).split('.')[0]})"
+        ) from None
     if not isinstance(data, dict):
         raise ValueError(f"{file} does not hold a state dict")
     return data
@@ -187,10 +199,10 @@ def _special_tokens(directory: Path) -> dict[str, int]:
     file = directory / "tokenizer.json"
     if not file.is_file():
         return {}
-    try:
-        added = json.loads(file.read_text(encoding="utf-8")).get("added_tokens", [])
+    try:  # a damaged file only loses the special ids here; loading the tokenizer names it
+        added = read_json(file, what="tokenizer file", expect=dict).get("added_tokens", [])
         return {t["content"]: int(t["id"]) for t in added if t.get("special")}
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+    except (OSError, KeyError, TypeError, ValueError, AttributeError):
         return {}
 
 

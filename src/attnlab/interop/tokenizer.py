@@ -7,10 +7,11 @@ pipeline (normaliser, pre-tokeniser, WordPiece/BPE model, [CLS]/[SEP] template),
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from attnlab.io import parse_json, read_json, read_text
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -28,6 +29,8 @@ def load_tokenizer(path: str | os.PathLike[str], *, max_length: int | None = Non
     Raises:
         ImportError: if the ``tokenizers`` package is missing (``pip install tokenizers``).
         FileNotFoundError: if there is no ``tokenizer.json``.
+        ValueError: for a damaged file (invalid UTF-8 or JSON, not a tokenizers-library
+            tokenizer), naming it.
     """
     try:
         from tokenizers import Tokenizer
@@ -41,11 +44,26 @@ def load_tokenizer(path: str | os.PathLike[str], *, max_length: int | None = Non
         file = file / TOKENIZER_NAME
     if not file.is_file():
         raise FileNotFoundError(f"no {TOKENIZER_NAME} at {path}")
-    tokenizer = Tokenizer.from_file(str(file))
+    tokenizer = library_tokenizer(Tokenizer, file)
     tokenizer.no_padding()
     if max_length is not None:
         tokenizer.enable_truncation(max_length)
     return tokenizer
+
+
+def library_tokenizer(cls: type[Tokenizer], file: Path) -> Tokenizer:
+    """``cls.from_str`` of ``file`` (a ``tokenizers``-library ``tokenizer.json``).
+
+    Raises:
+        FileNotFoundError: if it is missing. ValueError: for invalid UTF-8 or JSON (as
+            :func:`attnlab.io.read_json`) or a file the library refuses, naming the file.
+    """
+    text = read_text(file, what="tokenizer file")
+    parse_json(text, source=f"tokenizer file {file}")
+    try:
+        return cls.from_str(text)
+    except Exception as e:  # the library raises a plain Exception for a bad file
+        raise ValueError(f"tokenizer file {file} is not a tokenizers-library file: {e}") from None
 
 
 def sentence_max_length(path: str | os.PathLike[str]) -> int | None:
@@ -54,8 +72,8 @@ def sentence_max_length(path: str | os.PathLike[str]) -> int | None:
     file = Path(path) / "sentence_bert_config.json"
     if not file.is_file():
         return None
-    value = json.loads(file.read_text(encoding="utf-8")).get("max_seq_length")
+    value = read_json(file, what="sentence-transformers config", expect=dict).get("max_seq_length")
     return int(value) if value is not None else None
 
 
-__all__ = ["TOKENIZER_NAME", "load_tokenizer", "sentence_max_length"]
+__all__ = ["TOKENIZER_NAME", "library_tokenizer", "load_tokenizer", "sentence_max_length"]

@@ -14,6 +14,16 @@ both broadcast to (B, H, T, S). ``is_causal`` is bottom-right aligned when T != 
 Deviations from the paper: masked scores are filled with ``torch.finfo(dtype).min`` rather than
 -inf, the softmax runs in float32 for half-precision inputs, and a query row with nothing to attend
 to returns zeros (finite gradients) instead of NaN.
+
+Non-finite inputs (every backend, tested in tests/hardening/test_nonfinite_attention.py): a NaN or
+inf in q, k or v is never turned into a finite number. Every output row that may attend to the
+bad key or value, or whose query is bad, is non-finite (NaN, or inf for an inf value) unless the
+bad entry's score is -inf, which weighs that key 0 exactly as a mask would; a row whose every
+score is -inf has undefined weights and is NaN. Rows that cannot see the bad entry are exact, or
+non-finite on some backends (the math path multiplies masked weights of 0 by the values, and
+0·inf is NaN; block backends skip masked blocks), as between PyTorch's own kernels. The one
+exception is ``"sdpa"`` for a row whose every visible *key* is infinite (PyTorch's kernel returns
+zeros; checking would cost a pass over all keys, the whole KV cache in every decoding step).
 """
 
 from __future__ import annotations
@@ -121,6 +131,9 @@ def scaled_dot_product_attention(
     # Scores in at least float32: half-precision scores overflow for large logits.
     compute_dtype = torch.promote_types(q.dtype, torch.float32)
     scores = (q.to(compute_dtype) @ k.to(compute_dtype).transpose(-2, -1)) * scale  # (B,H,T,S)
+    # -inf from q·k itself (an inf in q or k), not from a mask: a row scoring -inf everywhere it
+    # may look has undefined weights and is NaN below (the clamp would make it uniform)
+    lost = torch.isneginf(scores)  # (B, H, T, S)
 
     keep: Tensor | None = None  # bool, broadcastable to (B, H, T, S): True = may attend
     if is_causal:
@@ -139,6 +152,12 @@ def scaled_dot_product_attention(
     if keep is not None:
         scores = scores.masked_fill(~keep, neg)
     scores = scores.clamp_min(neg)  # additive masks may have pushed scores to -inf
+    undefined = (lost if keep is None else lost | ~keep).all(dim=-1, keepdim=True)  # (B,H,T,1)
+    if keep is not None:
+        undefined = undefined & keep.any(dim=-1, keepdim=True)  # rows with no key stay zeros
+    # NaN scores, so NaN weights; done before the softmax, whose output autograd keeps anyway
+    # (filling the weights after it would keep a second (B, H, T, S) tensor for the backward)
+    scores = scores.masked_fill(undefined, math.nan)
     if hook is not None:
         scores = hook("scores", scores)
 

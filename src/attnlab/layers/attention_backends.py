@@ -19,7 +19,9 @@ Backends with options (a window size, a block size, a feature map) also register
 
 Deviations from PyTorch's SDPA that this wrapper hides: SDPA's ``is_causal`` is top-left aligned
 and cannot be combined with a mask, so for T != S or with a mask we pass an explicit bottom-right
-causal mask instead.
+causal mask instead; a row with every key masked returns zeros, not SDPA's average; and a query
+row holding a NaN or inf returns NaN (PyTorch's CPU kernel returns zeros there), as every backend
+does (the rule is in :mod:`attnlab.layers.attention`).
 """
 
 from __future__ import annotations
@@ -124,6 +126,9 @@ def sdpa_attention(
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
     )
+    # PyTorch's CPU flash kernel returns zeros for a query row holding a NaN or an inf (torch
+    # 2.13); the library's rule is that a non-finite input never becomes a finite output.
+    out = out.masked_fill(~torch.isfinite(q).all(dim=-1, keepdim=True), math.nan)
     return out if dead is None else out.masked_fill(dead, 0.0)
 
 

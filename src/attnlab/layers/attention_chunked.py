@@ -31,7 +31,9 @@ Shapes: B batch, H query heads, H_kv key/value heads, T queries, S keys, D head 
 Masks (the whole library): bool True = may attend, float additive (entries at or below
 ``finfo.min`` count as masked), broadcastable to (B, H, T, S) and sliced per tile; ``is_causal`` is
 bottom-right aligned (query i sees keys j <= i + S - T), and key blocks entirely in a query block's
-future are skipped. A query that may attend to nothing returns zeros.
+future are skipped. A query that may attend to nothing returns zeros. Non-finite inputs: a NaN or
+inf in q, k or v makes the rows that attend to it non-finite, as on the math path (see
+:mod:`attnlab.layers.attention`), never zeros.
 
 Deviations from FlashAttention: tiles are PyTorch ops in a Python loop (no fused kernel, no SRAM),
 so on a CPU it is a teaching implementation, not a fast one; its point is the memory curve.
@@ -83,11 +85,12 @@ def _tile_scores(
     rows: tuple[int, int],
     cols: tuple[int, int],
     scale: float,
-) -> Tensor:
-    """Scores of one tile, ``-inf`` where masked.
+) -> tuple[Tensor, Tensor | None]:
+    """Scores of one tile, ``-inf`` where masked, and the tile's keep mask (``None``: all kept).
 
     Shapes:
-        q_blk ``(B, H, tq, D)``, k_blk ``(B, H, tk, D)`` -> ``(B, H, tq, tk)`` in q_blk's dtype.
+        q_blk ``(B, H, tq, D)``, k_blk ``(B, H, tk, D)`` -> ``(B, H, tq, tk)`` in q_blk's dtype;
+        keep ``(tq, tk)`` or ``(b, h, tq, tk)`` bool.
     """
     (qs, qe), (ks, ke) = rows, cols
     s = (q_blk @ k_blk.transpose(-2, -1)) * scale  # (B, H, tq, tk)
@@ -107,7 +110,7 @@ def _tile_scores(
             keep = finite if keep is None else keep & finite
     if keep is not None:
         s = s.masked_fill(~keep, -math.inf)
-    return s
+    return s, keep
 
 
 def _key_blocks(
@@ -148,10 +151,14 @@ def _forward(
         m = q_blk.new_full((B, H, qe - qs, 1), -math.inf)  # running max
         l = q_blk.new_zeros((B, H, qe - qs, 1))  # running denominator
         acc = q_blk.new_zeros((B, H, qe - qs, Dv))  # running numerator
+        alive: Tensor | bool = False  # rows the masks let attend to at least one key
         for kj, ks, ke in _key_blocks(qs, qe, S, block_k, is_causal, offset):
             k_blk = repeat_kv(k[:, :, ks:ke], n_rep).to(cdt)  # (B, H, tk, D)
             v_blk = repeat_kv(v[:, :, ks:ke], n_rep).to(cdt)  # (B, H, tk, Dv)
-            s = _tile_scores(q_blk, k_blk, mask4, is_causal, offset, (qs, qe), (ks, ke), scale)
+            tile = (qs, qe), (ks, ke)
+            s, keep = _tile_scores(q_blk, k_blk, mask4, is_causal, offset, *tile, scale)
+            if alive is not True:
+                alive = True if keep is None else keep.any(dim=-1, keepdim=True) | alive
             # The shift by the max cancels in acc / l, so it needs no gradient.
             m_new = torch.maximum(m, s.detach().amax(dim=-1, keepdim=True))  # (B, H, tq, 1)
             m_safe = torch.where(torch.isneginf(m_new), 0.0, m_new)  # rows with no key yet
@@ -162,7 +169,10 @@ def _forward(
                 p = p * _dropout_scale(seed, qi, kj, tuple(p.shape), dropout_p, p)
             acc = alpha * acc + p @ v_blk  # (B, H, tq, Dv)
             m = m_new
-        seen = l > 0
+        # Rows the masks leave without keys are zeros. Every other row is acc / l, so a NaN or
+        # inf in q, k or v that reached a row stays visible there (0 / 0 included: a row whose
+        # every score is -inf), as on the math path; it is never turned into a finite number.
+        seen = alive if isinstance(alive, Tensor) else torch.tensor(alive, device=l.device)
         outs.append(torch.where(seen, acc / torch.where(seen, l, 1.0), 0.0))
         lses.append(torch.where(seen, m + torch.log(torch.where(seen, l, 1.0)), math.inf))
     if not outs:  # T == 0
@@ -213,7 +223,8 @@ class _ChunkedAttentionFn(torch.autograd.Function):
             for kj, ks, ke in _key_blocks(qs, qe, S, block_k, is_causal, offset):
                 k_blk = repeat_kv(k[:, :, ks:ke], n_rep).to(cdt)  # (B, H, tk, D)
                 v_blk = repeat_kv(v[:, :, ks:ke], n_rep).to(cdt)  # (B, H, tk, Dv)
-                s = _tile_scores(q_blk, k_blk, mask4, is_causal, offset, (qs, qe), (ks, ke), scale)
+                tile = (qs, qe), (ks, ke)
+                s, _ = _tile_scores(q_blk, k_blk, mask4, is_causal, offset, *tile, scale)
                 p = torch.exp(s - lse_blk)  # (B, H, tq, tk): the normalised weights
                 dp = do_blk @ v_blk.transpose(-2, -1)  # (B, H, tq, tk)
                 p_used = p

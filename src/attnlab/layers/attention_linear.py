@@ -31,7 +31,7 @@ Masks: only *key padding* can be expressed without the ``T x S`` matrix: a mask 
 ``(B, 1, 1, S)`` (bool True = may attend; float masks only as 0 / ``finfo.min`` or ``-inf``) zeroes
 the masked keys' features. Anything else (a ``(T, S)`` mask, an additive bias) raises
 ``ValueError``. ``is_causal`` is bottom-right aligned when T != S. A query with no key to attend to
-returns zeros.
+returns zeros; a NaN or inf in q, k or v makes the rows that see it non-finite, never zeros.
 
 Deviations from softmax attention: the weights are not the softmax's (elu) or only approximate it
 (favor). Dropout cannot drop entries of a matrix that is never built; we drop whole keys of the
@@ -166,6 +166,8 @@ def linear_attention_features(
             if key_keep is None
             else wk.detach().masked_fill(~key_keep.unsqueeze(-1), -math.inf)
         )
+        # finite entries only: an inf key must not shift every other key's features to 0
+        wk_for_max = wk_for_max.masked_fill(~torch.isfinite(wk_for_max), -math.inf)
         k_max = wk_for_max.amax(dim=(-2, -1), keepdim=True)
         wk = wk - torch.where(torch.isneginf(k_max), 0.0, k_max)
         norm = 1.0 / math.sqrt(w.shape[0])
@@ -239,13 +241,18 @@ def linear_attention(
         kv = torch.einsum("bgsm,bgsd->bgmd", phi_k, v_num)  # (B, H_kv, M, Dv)
         num = torch.einsum("bgrtm,bgmd->bgrtd", phi_q, kv)  # (B, H_kv, r, T, Dv)
         den = torch.einsum("bgrtm,bgm->bgrt", phi_q, phi_k.sum(dim=2)).unsqueeze(-1)
-    out = torch.where(den > 0, num / torch.where(den > 0, den, 1.0), 0.0)  # empty rows -> 0
+    # Rows with no key (all masked) have den == 0 and give zeros; a NaN den (a NaN or inf in
+    # q, k or v reached the row) stays NaN rather than becoming 0.
+    empty = den == 0
+    out = torch.where(empty, 0.0, num / torch.where(empty, 1.0, den))
     return out.reshape(B, H, T, Dv).to(q.dtype)
 
 
 def _positive_max(x: Tensor, dims: tuple[int, ...]) -> Tensor:
-    """The max of non-negative ``x`` over ``dims`` (kept), 1 where it is 0 (nothing to scale)."""
-    m = x.amax(dim=dims, keepdim=True)
+    """The max of the finite entries of non-negative ``x`` over ``dims`` (kept), 1 where it is
+    0 (nothing to scale). Non-finite entries are left out: an inf feature must not divide every
+    other key's features to 0 (which would return zeros for rows that never see it)."""
+    m = torch.where(torch.isfinite(x), x, 0.0).amax(dim=dims, keepdim=True)
     return torch.where(m > 0, m, 1.0)
 
 

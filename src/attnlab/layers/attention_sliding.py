@@ -140,11 +140,20 @@ def _softmax_keep(scores: Tensor, keep: Tensor, biased: bool) -> Tensor:
     """The math path's masked softmax: masked keys get weight 0, so rows with no key are 0.
 
     ``biased``: an additive mask was added, so scores may have reached -inf (clamped back).
+    Without one, a row whose every kept score is -inf (an inf in q or k) is NaN, as on the math
+    path: its weights are undefined.
     """
     neg = torch.finfo(scores.dtype).min
+    undefined = None
+    if not biased:
+        undefined = (torch.isneginf(scores) | ~keep).all(dim=-1, keepdim=True) & keep.any(
+            dim=-1, keepdim=True
+        )
     scores = scores.masked_fill(~keep, neg)
     if biased:
         scores = scores.clamp_min(neg)
+    if undefined is not None:  # before the softmax: no second band-sized tensor for autograd
+        scores = scores.masked_fill(undefined, math.nan)
     return torch.softmax(scores, dim=-1).masked_fill(~keep, 0.0)
 
 

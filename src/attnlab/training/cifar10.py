@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,10 +147,15 @@ def _read_npz(file: Path) -> tuple[np.ndarray, np.ndarray]:
     """``images`` and ``labels`` of an ``.npz`` file, read member by member with
     ``allow_pickle=False`` (a file holding object arrays is refused, never unpickled)."""
     arrays = {}
-    with zipfile.ZipFile(file) as z:
-        for name in ("images", "labels"):
-            with z.open(f"{name}.npy") as f:
-                arrays[name] = np.lib.format.read_array(f, allow_pickle=False)
+    try:
+        with zipfile.ZipFile(file) as z:
+            for name in ("images", "labels"):
+                with z.open(f"{name}.npy") as f:
+                    arrays[name] = np.lib.format.read_array(f, allow_pickle=False)
+    except (zipfile.BadZipFile, EOFError, KeyError, ValueError, zlib.error) as e:
+        raise ValueError(
+            f"{file} is not a readable CIFAR-10 .npz (arrays 'images' and 'labels'): {e}"
+        ) from None
     images, labels = arrays["images"], arrays["labels"]
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1:] != (32, 32, 3):
         raise ValueError(f"{file}: images must be uint8 (N, 32, 32, 3), got {images.shape}")

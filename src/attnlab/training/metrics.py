@@ -32,7 +32,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from attnlab.io import atomic_write_text
+from attnlab.io import atomic_write_text, parse_json_line
 
 METRICS_NAME = "metrics.jsonl"
 
@@ -76,10 +76,7 @@ class MetricsLogger:
     def _truncate_after(self, step: int) -> None:
         kept = []
         for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a half-written last line of a killed run
+            record = parse_json_line(line)  # None: a half-written last line of a killed run
             if isinstance(record, dict) and record.get("step", 0) <= step:
                 kept.append(line)
         # through a temporary file and os.replace: a kill here must not lose the kept lines
@@ -141,10 +138,7 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         raise FileNotFoundError(f"no metrics file {file}")
     records = []
     for line in file.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+        record = parse_json_line(line)
         if isinstance(record, dict) and "step" in record:
             records.append(normalise_record(record))
     return records

@@ -32,6 +32,7 @@ import hashlib
 import logging
 import os
 import urllib.request
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,7 @@ def read_lines(directory: str | os.PathLike[str] | None, split: str, lang: str) 
 
     Raises:
         FileNotFoundError: for a missing directory, or a missing file (listing what exists).
+        ValueError: for a damaged file (a truncated ``.gz``, invalid UTF-8), naming it.
     """
     directory = resolve_data_dir(directory)
     file = _split_file(directory, split, lang)
@@ -126,8 +128,13 @@ def read_lines(directory: str | os.PathLike[str] | None, split: str, lang: str) 
             f"available: {', '.join(have[split])}"
         )
     opener = gzip.open if file.suffix == ".gz" else open
-    with opener(file, "rt", encoding="utf-8", newline="\n") as f:
-        return f.read().splitlines()
+    try:
+        with opener(file, "rt", encoding="utf-8", newline="\n") as f:
+            return f.read().splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{file} is not valid UTF-8 text (byte {e.start})") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:  # truncated or not gzip at all
+        raise ValueError(f"{file} is a damaged gzip file ({e}); download it again") from None
 
 
 def load_pairs(

@@ -33,6 +33,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attnlab.interop.tokenizer import library_tokenizer
+
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
@@ -118,14 +120,14 @@ class TranslationTokenizer:
 
         Raises:
             FileNotFoundError: if there is no such file.
-            ValueError: if it lacks the special tokens at ids 0-3.
+            ValueError: if it lacks the special tokens at ids 0-3, or is damaged (naming it).
         """
         file = Path(path)
         if file.is_dir():
             file = file / TOKENIZER_NAME
         if not file.is_file():
             raise FileNotFoundError(f"no {TOKENIZER_NAME} at {path}")
-        return cls(_tokenizers().Tokenizer.from_file(str(file)))
+        return cls(library_tokenizer(_tokenizers().Tokenizer, file))
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the tokenizer atomically to ``path`` (a ``.json`` file), or to

@@ -10,13 +10,13 @@ non-positive values are left out.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attnlab.io import read_json
 from attnlab.viz._mpl import new_figure, save_figure
 
 if TYPE_CHECKING:
@@ -36,10 +36,7 @@ def load_benchmark(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"no such benchmark results file: {p}")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{p} is not valid JSON: {e}") from None
+    data = read_json(p, what="benchmark results file")
     if isinstance(data, dict):
         data = next((data[k] for k in ("cases", "rows", "results") if k in data), None)
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):

@@ -22,7 +22,6 @@ in name order). A ``.json`` file holding a list of such objects also works.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attnlab.io import parse_json_line
 from attnlab.viz._mpl import new_figure, save_figure
 
 if TYPE_CHECKING:
@@ -97,22 +97,16 @@ def parse_records(records: Iterable[Any], name: str = "run") -> RunMetrics:
 
 
 def _lines(file: Path) -> Iterable[Any]:
-    text = file.read_text(encoding="utf-8")
+    text = file.read_text(encoding="utf-8", errors="replace")  # a bad byte spoils one line
     if file.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
-            data = None
+        data = parse_json_line(text)  # None when it is not one JSON document
         if isinstance(data, list):
             yield from data
             return
     for line in text.splitlines():
         if not line.strip():
             continue
-        try:
-            yield json.loads(line)
-        except json.JSONDecodeError:
-            yield None  # counted as skipped
+        yield parse_json_line(line)  # None: counted as skipped
 
 
 def metrics_files(path: str | os.PathLike[str]) -> list[Path]:
