@@ -59,6 +59,8 @@ from attnlab.interop import CheckpointMismatchError, load_tokenizer, save_hf
 from attnlab.layers.attention_linear import favor_projection
 from attnlab.layers.patch_embedding import PatchEmbedding, patchify, unpatchify
 from attnlab.models import config_for, config_from_json_dict
+from attnlab.models.mamba import MambaConfig
+from attnlab.models.rnn import RNNConfig
 from attnlab.pretrained import NonFiniteWeightsError
 from attnlab.sentence import embed
 from attnlab.tokenizers import load_tokenizer as load_any_tokenizer
@@ -117,11 +119,14 @@ TINY_BERT = BERTConfig(
 TINY_VIT = ViTConfig(image_size=8, patch_size=4, n_classes=3, d_model=16, n_heads=2, n_layers=1,
                      d_ff=32)  # fmt: skip
 TINY_TR = TransformerConfig(vocab_size=50, d_model=16, n_heads=2, n_layers=1, d_ff=32)
+TINY_MAMBA = MambaConfig(vocab_size=50, d_model=16, n_layers=1, d_state=4)
+TINY_RNN = RNNConfig(vocab_size=50, d_model=16, n_layers=1)
 
 
 @functools.cache
 def model(name: str) -> Any:
-    config = {"gpt": TINY_GPT, "bert": TINY_BERT, "vit": TINY_VIT, "transformer": TINY_TR}[name]
+    config = {"gpt": TINY_GPT, "bert": TINY_BERT, "vit": TINY_VIT, "transformer": TINY_TR,
+              "mamba": TINY_MAMBA, "rnn": TINY_RNN}[name]  # fmt: skip
     return build_model(config).eval()
 
 
@@ -648,6 +653,8 @@ ROWS: list[Row] = [
     Row("cli", "attnlab analyze", "--plot where no file can be written (/proc)", lambda: cli("analyze", "gpt2-small", "--sweep-seq-len", "--plot", "/proc/x.png"), CLIExitError),
     Row("cli", "attnlab generate", "a checkpoint holding NaN", lambda: cli("generate", "ckpt/nan_gpt", "--ids", "1"), CLIExitError),
     Row("cli", "attnlab train shakespeare-char", "--resume of a run whose checkpoints are gone", lambda: cli("train", "shakespeare-char", "--data=corpus.txt", "--out", "runs/lost", "--resume"), CLIExitError),
+    Row("models", "MambaLM.forward", "float targets", lambda: model("mamba")(ids(1, 3), targets=t(1, 3)), ValueError),
+    Row("models", "RNNLM.forward", "a target outside the vocabulary", lambda: model("rnn")(ids(1, 3), targets=ids(1, 3, value=50)), ValueError),
     Row("checkpoints", "from_pretrained", "config.json nested 100,000 levels deep", lambda: attnlab.from_pretrained("ckpt/deep_config"), ValueError),
     Row("checkpoints", "from_pretrained", "config.json with a 5,000-digit integer", lambda: attnlab.from_pretrained("ckpt/huge_int_config"), ValueError),
     Row("checkpoints", "from_pretrained", "config.json that is not UTF-8", lambda: attnlab.from_pretrained("ckpt/latin1_config"), ValueError),

@@ -23,14 +23,13 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal, cast
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import Config, check_positive
 from attnlab.layers.embedding import TokenEmbedding, tie_weights
 from attnlab.layers.norm import RMSNorm
 from attnlab.layers.ssm import MambaBlock, MambaMixer, MambaState
-from attnlab.models.common import check_token_ids
+from attnlab.models.common import check_token_ids, token_loss
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,21 +164,13 @@ class MambaLM(nn.Module):
 
         Raises:
             ValueError: for ids outside the vocabulary, a state of another batch size, or
-                targets of another shape.
+                targets of another shape, dtype or outside the vocabulary.
         """
         h = self.hidden_states(ids, state=state)
         logits = self.lm_head(h.to(self.lm_head.weight.dtype))  # (B, T, V)
         loss = None
         if targets is not None:
-            if targets.shape != ids.shape:
-                raise ValueError(
-                    f"targets must match ids {tuple(ids.shape)}, got {tuple(targets.shape)}"
-                )
-            loss = F.cross_entropy(
-                logits.flatten(0, 1).float(),
-                targets.flatten(),
-                ignore_index=self.config.ignore_index,
-            )
+            loss = token_loss(logits, targets, ids, ignore_index=self.config.ignore_index)
         return logits, loss
 
 

@@ -22,12 +22,11 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import Config, check_positive, check_probability
 from attnlab.layers.embedding import TokenEmbedding, tie_weights
-from attnlab.models.common import check_token_ids
+from attnlab.models.common import check_token_ids, token_loss
 
 CELLS = ("lstm", "gru")
 
@@ -175,20 +174,12 @@ class RNNLM(nn.Module):
 
         Raises:
             ValueError: for ids outside the vocabulary, a state of another batch size, or
-                targets of another shape.
+                targets of another shape, dtype or outside the vocabulary.
         """
         logits = self.lm_head(self.dropout(self.hidden_states(ids, state=state)))  # (B, T, V)
         loss = None
         if targets is not None:
-            if targets.shape != ids.shape:
-                raise ValueError(
-                    f"targets must match ids {tuple(ids.shape)}, got {tuple(targets.shape)}"
-                )
-            loss = F.cross_entropy(
-                logits.flatten(0, 1).float(),
-                targets.flatten(),
-                ignore_index=self.config.ignore_index,
-            )
+            loss = token_loss(logits, targets, ids, ignore_index=self.config.ignore_index)
         return logits, loss
 
 
