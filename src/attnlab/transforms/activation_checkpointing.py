@@ -105,10 +105,11 @@ def activation_memory(model: nn.Module, forward: Callable[[], Any]) -> dict[str,
     and deterministic on the CPU; parameters excluded, each storage counted once).
 
     A checkpointed block's own saved tensors are not kept by the forward (PyTorch's hooks
-    replace them); what it keeps is its inputs, and the backward recomputes one block at a
-    time, so the peak is ``saved + checkpoint_inputs + recompute``, with ``recompute`` the
-    largest checkpointed block's saved bytes, measured by running that block's forward plainly
-    on the same inputs.
+    replace them); what it keeps is its inputs (PyTorch saves them through the hooks, so they
+    are in ``saved``; ``checkpoint_inputs`` counts any that were not), and the backward
+    recomputes one block at a time, so the peak is ``saved + checkpoint_inputs + recompute``,
+    with ``recompute`` the largest checkpointed block's saved bytes, measured by running that
+    block's forward plainly on the same inputs.
 
     Returns:
         ``{"saved", "checkpoint_inputs", "recompute", "peak"}`` (plain model: the last two 0).
