@@ -61,7 +61,7 @@ def test_checkpointing_fits_a_run_the_memory_check_refuses_plainly(
     assert ckpt.total < 0.25 * plain.total
     assert "checkpointing every block" in ckpt.what
     monkeypatch.setattr(mc, "available_memory", lambda: (8 * 2**30, "a test's figure"))
-    with pytest.raises(mc.MemoryLimitError, match="fp32, Adam, batch 8 x 2048 tokens"):
+    with pytest.raises(mc.MemoryLimitError, match="float32, Adam, batch 8 x 2048 tokens"):
         _check_memory(SHAKESPEARE, train, 8)
     _check_memory(SHAKESPEARE, dataclasses.replace(train, activation_checkpointing=1), 8)
     mixed = dataclasses.replace(train, precision="bf16-mixed")

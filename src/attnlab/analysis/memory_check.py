@@ -99,7 +99,7 @@ def estimate_training(
     m = training_memory(config, seq_len, batch=batch, dtype=dtype, precision=precision,
                         checkpoint_every=activation_checkpointing)  # fmt: skip
     T = seq_len if seq_len is not None else default_seq_len(config)
-    how = precision or dtype
+    how = dtype if precision in (None, "fp32") else str(precision)
     if activation_checkpointing:
         every = "every block" if activation_checkpointing == 1 else (
             f"every {activation_checkpointing}th block")  # fmt: skip

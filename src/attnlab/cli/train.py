@@ -264,7 +264,7 @@ def _print_summary(
                   "best": {"metric": prepared.train.best_metric, "value": result.best_value,
                            "step": result.best_step},
                   "final": result.final, "checkpoint": str(result.checkpoint),
-                  "compile_s": result.compile_s,
+                  "compile_s": result.compile_s, "setup": result.setup,
                   "model": config_to_dict(prepared.model_config)}  # fmt: skip
         print(json.dumps(record, indent=2))
         return
@@ -274,6 +274,13 @@ def _print_summary(
         f"trained to step {result.step} in {result.seconds:.1f} s this session "
         f"({result.elapsed_s:.1f} s in total; stopped by {result.stopped_by or 'request'}), {loss}"
     )
+    setup = result.setup
+    if setup:
+        blocks = setup["checkpointed_blocks"]
+        print(
+            f"computed on {setup['device']} in {setup['precision']}, optimizer "
+            f"{setup['optimizer']}, {blocks} checkpointed blocks"
+        )
     if result.compile_s is not None:
         print(f"compiled in {result.compile_s:.1f} s (before the first step; not in step times)")
     if last:

@@ -35,7 +35,8 @@ autocast. On CUDA attention runs in 16 bits (flash/memory-efficient SDPA kernels
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -219,6 +220,37 @@ class Precision:
             self.scaler.load_state_dict(dict(scaler))
 
 
+def compile_warm_up(
+    model: nn.Module,
+    module: nn.Module,
+    loss: Callable[[], Tensor],
+    precision: Precision,
+    optimizer: torch.optim.Optimizer,
+) -> float:
+    """Run ``loss()`` (a forward of the compiled ``model``) and its backward once in training
+    mode, so that ``torch.compile`` compiles both, then put back what that touched: the
+    gradients (none), the buffers of ``module`` (BatchNorm statistics) and the CPU and CUDA RNG
+    states (dropout). Returns the seconds it took: the compile time, reported apart."""
+    start = time.monotonic()
+    buffers = [(b, b.clone()) for b in module.buffers()]
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = (
+        torch.cuda.get_rng_state(precision.device) if precision.device.type == "cuda" else None
+    )
+    model.train()
+    with precision.autocast():
+        value = loss()
+    value.backward()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for b, saved in buffers:
+            b.copy_(saved)
+    torch.set_rng_state(cpu_rng)
+    if cuda_rng is not None:
+        torch.cuda.set_rng_state(cuda_rng, precision.device)
+    return time.monotonic() - start
+
+
 def prepare_for_precision(
     model: nn.Module, precision: str, device: torch.device | None = None
 ) -> nn.Module:
@@ -235,6 +267,7 @@ __all__ = [
     "Precision",
     "available_devices",
     "cast_floats",
+    "compile_warm_up",
     "prepare_for_precision",
     "resolve_device",
 ]

@@ -57,7 +57,7 @@ from attnlab.training.distributed import (
     rank_seed,
     unwrap_model,
 )
-from attnlab.training.hardware import Precision, resolve_device
+from attnlab.training.hardware import Precision, compile_warm_up, resolve_device
 from attnlab.training.metrics import MetricsLogger
 from attnlab.training.moe import MoEStepStats
 from attnlab.training.objectives import Objective
@@ -104,6 +104,8 @@ class FitResult:
         final: evaluations of the models made at the end (``"averaged"``).
         compile_s: seconds ``torch.compile`` took before the first step (``config.compile``;
             in ``seconds`` and ``elapsed_s``, not in the step times).
+        setup: how the run computed (:meth:`Trainer.setup_info`: device, precision, the
+            optimizer's implementation, compile, checkpointed blocks).
     """
 
     step: int
@@ -117,6 +119,7 @@ class FitResult:
     checkpoint: Path | None = None
     final: dict[str, dict[str, float]] = field(default_factory=dict)
     compile_s: float | None = None
+    setup: dict[str, Any] = field(default_factory=dict)
 
     @property
     def stopped_early(self) -> bool:
@@ -320,26 +323,14 @@ class Trainer:
         return out
 
     def _compile_warm_up(self) -> float:
-        """Compile the forward and backward on the first validation batch, in training mode,
-        leaving weights, buffers, gradients and RNG states as they were; returns its seconds."""
-        start = time.monotonic()
-        buffers = [(b, b.clone()) for b in self.module.buffers()]
-        cpu_rng = torch.get_rng_state()
-        cuda = self.device.type == "cuda"
-        cuda_rng = torch.cuda.get_rng_state(self.device) if cuda else None
-        self.model.train()
-        with self.precision.autocast():
+        """Compile the forward and backward on the first validation batch
+        (:func:`~attnlab.training.hardware.compile_warm_up`); returns its seconds."""
+
+        def loss() -> torch.Tensor:
             batch = self._local(self.val_batches()[0])
-            terms = self.objective.loss(self.model, batch, label_smoothing=0.0)
-        terms.loss_sum.backward()
-        self.optimizer.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            for b, saved in buffers:
-                b.copy_(saved)
-        torch.set_rng_state(cpu_rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state(cuda_rng, self.device)
-        return time.monotonic() - start
+            return self.objective.loss(self.model, batch, label_smoothing=0.0).loss_sum
+
+        return compile_warm_up(self.model, self.module, loss, self.precision, self.optimizer)
 
     def _evaluate(self, result: FitResult, log: MetricsLogger | None) -> bool:
         """Evaluate, log, track the best (exporting it); returns whether early stopping fires."""
@@ -435,7 +426,7 @@ class Trainer:
             torch.use_deterministic_algorithms(was_deterministic, warn_only=warn_only)
         result.step, result.elapsed_s = self.step, self.elapsed
         result.best_value, result.best_step = self.best_value, self.best_step
-        result.compile_s = self.compile_s
+        result.compile_s, result.setup = self.compile_s, self.setup_info()
         return result
 
     def _loop(self, result: FitResult, log: MetricsLogger | None, until: int | None) -> None:
