@@ -265,7 +265,9 @@ class Trainer:
                 f"the training loss is {loss_value}{aux_note} at step {self.step + 1}; stopped "
                 "before applying it (nothing of this step was saved). Lower lr, enable clipping "
                 "(clip_grad_norm) or warmup, or check the data and init_std"
-            )
+                + ("; under fp16-mixed the forward may overflow float16's range (65504): try "
+                   "bf16-mixed" if self.precision.name == "fp16-mixed" else "")
+            )  # fmt: skip
         self.precision.unscale(self.optimizer)  # fp16: true gradients before clipping
         grad_norm = clip_gradients(self.model, c.clip_grad_norm)
         stepped = self.precision.step(self.optimizer)  # fp16: skipped if gradients overflowed
