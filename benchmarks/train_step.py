@@ -301,6 +301,7 @@ def bench_shape(name: str, s: Shape, args: argparse.Namespace, ceiling: float) -
     x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()  # (B, T) each
     trainees: dict[str, Trainee] = {}
     skipped: dict[str, str] = {}
+    first_s: dict[str, float] = {}  # the first step's seconds (with compilation)
     for label, build in competitors(args).items():
         try:
             trainees[label] = make_trainee(build, s)
@@ -308,7 +309,10 @@ def bench_shape(name: str, s: Shape, args: argparse.Namespace, ceiling: float) -
             skipped[label] = f"{type(exc).__name__}: {exc}"
             print(f"[{name}] skipping {label}: {skipped[label]}", flush=True)
             continue
-        first = [trainees[label].step(x, y) for _ in range(args.warmup)]
+        t0 = time.perf_counter()
+        first = [trainees[label].step(x, y)]  # compiled rows compile here
+        first_s[label] = time.perf_counter() - t0
+        first += [trainees[label].step(x, y) for _ in range(args.warmup - 1)]
         print(f"[{name}] {label}: warm-up losses {[round(v, 3) for v in first]}", flush=True)
     flops = flops_per_step(build_attnlab(s, "gelu")[0], s)
     labels = list(trainees)
@@ -335,6 +339,7 @@ def bench_shape(name: str, s: Shape, args: argparse.Namespace, ceiling: float) -
                 "gflops": flops / med / 1e9,
                 "mfu": flops / med / 1e9 / ceiling,
                 "rounds_ms": [t * 1e3 for t in times[label]],
+                "first_step_s": first_s[label],
             }
         )
     base = next((row["step_ms"] for row in rows if row["implementation"] == "attnlab"), None)
@@ -395,18 +400,19 @@ def format_markdown(results: dict[str, Any]) -> str:
             f"{shape['d_model']}, context {shape['context']}, batch {shape['batch']}, vocab "
             f"{shape['vocab']} ({shape['flops_per_step'] / 1e9:.2f} GFLOP per step)",
             "",
-            "| implementation | params | ms/step (q1-q3) | tokens/s | GFLOP/s | MFU | vs attnlab |",
-            "|---|---|---|---|---|---|---|",
+            "| implementation | params | ms/step (q1-q3) | tokens/s | GFLOP/s | MFU | vs attnlab "
+            "| first step s (compile) |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for r in shape["rows"]:
             ratio = f"{r['vs_attnlab']:.2f}" if r["vs_attnlab"] else "-"
             lines.append(
                 f"| {r['implementation']} | {r['params'] / 1e6:.2f}M | {r['step_ms']:.1f} "
                 f"({r['step_ms_q1']:.1f}-{r['step_ms_q3']:.1f}) | {r['tokens_per_s']:,.0f} "
-                f"| {r['gflops']:.1f} | {r['mfu']:.0%} | {ratio} |"
+                f"| {r['gflops']:.1f} | {r['mfu']:.0%} | {ratio} | {r.get('first_step_s', 0):.1f} |"
             )
         for label, why in shape["skipped"].items():
-            lines.append(f"| {label} | skipped: {why} | | | | | |")
+            lines.append(f"| {label} | skipped: {why} | | | | | | |")
         others = [r for r in shape["rows"] if not r["implementation"].startswith("attnlab")]
         ours = next((r for r in shape["rows"] if r["implementation"] == "attnlab"), None)
         if others and ours:

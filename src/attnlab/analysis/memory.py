@@ -28,6 +28,11 @@ grow with the batch (boolean masks of ``T·S`` bytes, RoPE tables) are left out.
 kernel (SDPA/flash) keeps O(T) per row instead of the ``B·H·T·S`` score tensors: the difference
 :func:`activation_bytes` shows as ``"attention_scores"``.
 
+Activation checkpointing (``checkpoint_every=k``: the blocks ``0, k, 2k, ...`` of each stack,
+:mod:`attnlab.transforms.activation_checkpointing`): a checkpointed block keeps only its input,
+``t·E``, and the backward recomputes one block at a time, so the stack holds
+``(n - c)·block + c·t·E + block`` for ``c`` checkpointed blocks of ``n``.
+
 KV cache (:func:`kv_cache_bytes`): ``2 (k and v) · layers · H_kv · D · bytes`` per cached position
 and sequence; a sliding window of ``w`` keys caps the positions at ``w`` (attnlab's
 :class:`~attnlab.layers.kv_cache.LayerKVCache` preallocates ``max_len`` positions and does not
@@ -55,6 +60,14 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 ADAM_STATE_BYTES = 8  # two float32 moments per parameter
 FP32 = 4
 INDEX_BYTES = 8  # int64 token ids / targets
+# the trainer's precision -> bytes per (activation element, weight, gradient, Adam state) of a
+# parameter; the mixed modes' weights are the float32 master + autocast's 16-bit copy
+PRECISION_BYTES = {
+    "fp32": (4, 4, 4, 8),
+    "bf16-mixed": (2, 4 + 2, 4, 8),
+    "fp16-mixed": (2, 4 + 2, 4, 8),
+    "bf16": (2, 2, 2, 4),
+}
 
 
 def dtype_bytes(dtype: str | int) -> int:
@@ -123,9 +136,11 @@ def _ffn_elems(c: Any, t: int) -> int:
 
 
 def _layer_stack(
-    c: Any, *, B: int, T: int, n_layers: int, masked: bool, memory_len: int | None = None
-) -> tuple[int, int, int]:
-    """(activation elements, float32 elements, of which score elements) of a stack."""
+    c: Any, *, B: int, T: int, n_layers: int, masked: bool, memory_len: int | None = None,
+    every: int = 0,
+) -> tuple[int, int, int]:  # fmt: skip
+    """(activation elements, float32 elements, of which score elements) of a stack; with
+    ``every`` k > 0, every k-th block checkpointed (module docstring)."""
     act, fp32 = _attention_elems(c, B=B, T=T, S=T, masked=masked)
     scores = (3 if masked else 2) * B * c.n_heads * T * T
     if memory_len is not None:
@@ -133,7 +148,12 @@ def _layer_stack(
         act, fp32 = act + a2, fp32 + f2
         scores += (3 if masked else 2) * B * c.n_heads * T * memory_len
     act += _ffn_elems(c, B * T)
-    return n_layers * act, n_layers * fp32, n_layers * scores
+    if every <= 0:
+        return n_layers * act, n_layers * fp32, n_layers * scores
+    kept = n_layers - (n_layers + every - 1) // every  # blocks not checkpointed
+    plain = min(kept + 1, n_layers)  # + the one block recomputed at a time
+    inputs = (n_layers - kept) * B * T * c.d_model
+    return plain * act + inputs, plain * fp32, plain * scores
 
 
 # Families whose activations are not an attention stack's register their formula here:
@@ -149,8 +169,10 @@ def activation_bytes(
     batch: int = 1,
     src_len: int | None = None,
     dtype: str | int = "float32",
+    checkpoint_every: int = 0,
 ) -> dict[str, int]:
-    """Bytes autograd keeps for the backward of one training step (assumptions: module doc).
+    """Bytes autograd keeps for the backward of one training step (assumptions: module doc);
+    ``checkpoint_every``: activation checkpointing of every k-th block (0: none).
 
     Returns:
         ``{"layers": ..., "outside_layers": ..., "attention_scores": ..., "total": ...}``;
@@ -162,14 +184,16 @@ def activation_bytes(
     a = dtype_bytes(dtype)
     B = check_length("batch", batch)
     T = default_seq_len(config) if seq_len is None else check_length("seq_len", seq_len)
+    if checkpoint_every < 0:
+        raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
     formula = ACTIVATION_FORMULAS.get(type(config))
-    if formula is not None:
+    if formula is not None:  # recurrent families: checkpointing not modelled (an upper bound)
         return formula(config, batch=B, seq_len=T, a=a)
-    c = config
+    c, k = config, checkpoint_every
     t = B * T
     outside = 0
     if isinstance(c, GPTConfig):
-        act, fp32, scores = _layer_stack(c, B=B, T=T, n_layers=c.n_layers, masked=True)
+        act, fp32, scores = _layer_stack(c, B=B, T=T, n_layers=c.n_layers, masked=True, every=k)
         outside += 2 * t * INDEX_BYTES  # ids, targets
         if getattr(c, "embed_norm", False):
             outside += (t * c.d_model + _norm_elems(c, t)) * a
@@ -177,7 +201,8 @@ def activation_bytes(
         outside += (final + t * c.d_model) * a + t * c.vocab_size * FP32  # head in, log-softmax
     elif isinstance(c, BERTConfig):
         masked = c.pad_id is not None
-        act, fp32, scores = _layer_stack(c, B=B, T=T, n_layers=c.n_layers, masked=masked)
+        act, fp32, scores = _layer_stack(c, B=B, T=T, n_layers=c.n_layers, masked=masked,
+                                         every=k)  # fmt: skip
         outside += 2 * t * INDEX_BYTES  # ids, segment ids
         outside += (t * c.d_model + _norm_elems(c, t)) * a  # embedding norm
         if c.norm_position == "pre":
@@ -192,7 +217,7 @@ def activation_bytes(
     elif isinstance(c, ViTConfig):
         if T < 2:
             raise ValueError(f"a ViT sequence is [CLS] + at least one patch; got seq_len={T}")
-        act, fp32, scores = _layer_stack(c, B=B, T=T, n_layers=c.n_layers, masked=False)
+        act, fp32, scores = _layer_stack(c, B=B, T=T, n_layers=c.n_layers, masked=False, every=k)
         outside += (t * c.d_model + _norm_elems(c, t)) * a  # final norm
         outside += B * (T - 1) * c.in_channels * c.patch_size**2 * a  # images (conv weight grad)
         # what the pooler/head keeps: [CLS] is a view keeping the final hidden state alive, a
@@ -205,8 +230,9 @@ def activation_bytes(
     elif isinstance(c, TransformerConfig):
         S = T if src_len is None else check_length("src_len", src_len)
         masked = c.pad_id is not None
-        enc = _layer_stack(c, B=B, T=S, n_layers=c.n_layers, masked=masked)
-        dec = _layer_stack(c, B=B, T=T, n_layers=c.num_decoder_layers, masked=True, memory_len=S)
+        enc = _layer_stack(c, B=B, T=S, n_layers=c.n_layers, masked=masked, every=k)
+        dec = _layer_stack(c, B=B, T=T, n_layers=c.num_decoder_layers, masked=True,
+                           memory_len=S, every=k)  # fmt: skip
         act, fp32, scores = (x + y for x, y in zip(enc, dec, strict=True))
         outside += (B * S + 2 * t) * INDEX_BYTES  # source ids, target ids, targets
         outside += B * S * c.d_model * a  # the memory, input of every cross-attention k/v
@@ -231,17 +257,34 @@ def training_memory(
     batch: int = 1,
     src_len: int | None = None,
     dtype: str | int = "float32",
+    precision: str | None = None,
+    checkpoint_every: int = 0,
 ) -> TrainingMemory:
     """Weights + gradients + Adam state + activations of one training step, in bytes.
 
     ``dtype`` is the weights' and activations' dtype; below 4 bytes, mixed precision is assumed
-    (float32 master weights kept by the optimizer).
+    (float32 master weights kept by the optimizer). ``precision`` (the trainer's, overrides
+    ``dtype``): ``"fp32"``; ``"bf16-mixed"``/``"fp16-mixed"`` (autocast: float32 weights,
+    gradients and Adam state, plus the 16-bit copies of the weights autocast makes, counted in
+    ``weights``; 16-bit activations); ``"bf16"`` (everything in bfloat16, Adam's moments too).
+    ``checkpoint_every``: activation checkpointing (:func:`activation_bytes`).
+
+    Raises:
+        ValueError: for an unknown ``precision`` or ``dtype``.
     """
-    a = dtype_bytes(dtype)
     N = count_params(config)
-    optimizer = N * (ADAM_STATE_BYTES + (FP32 if a < FP32 else 0))
-    acts = activation_bytes(config, seq_len, batch=batch, src_len=src_len, dtype=a)["total"]
-    return TrainingMemory(N * a, N * a, optimizer, acts)
+    if precision is None:
+        a = dtype_bytes(dtype)
+        weights, grads = N * a, N * a
+        optimizer = N * (ADAM_STATE_BYTES + (FP32 if a < FP32 else 0))
+    elif precision in PRECISION_BYTES:
+        a, w, g, o = PRECISION_BYTES[precision]
+        weights, grads, optimizer = N * w, N * g, N * o
+    else:
+        raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(PRECISION_BYTES)}")
+    acts = activation_bytes(config, seq_len, batch=batch, src_len=src_len, dtype=a,
+                            checkpoint_every=checkpoint_every)["total"]  # fmt: skip
+    return TrainingMemory(weights, grads, optimizer, acts)
 
 
 # -- KV cache ------------------------------------------------------------------------------------
@@ -310,6 +353,7 @@ __all__ = [
     "ACTIVATION_FORMULAS",
     "ADAM_STATE_BYTES",
     "DTYPE_BYTES",
+    "PRECISION_BYTES",
     "TrainingMemory",
     "activation_bytes",
     "dtype_bytes",

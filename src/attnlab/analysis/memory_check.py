@@ -7,7 +7,10 @@ larger, exits with status 2 and a message naming both figures; ``--ignore-memory
 
 - Training (:func:`estimate_training`): float32 weights + gradients + Adam's two moments +
   the activations of one micro-batch of ``batch`` full-length sequences
-  (:func:`~attnlab.analysis.memory.training_memory`).
+  (:func:`~attnlab.analysis.memory.training_memory`), in the run's ``precision`` (the mixed
+  modes add autocast's 16-bit weight copies and keep 16-bit activations; pure ``bf16`` halves
+  everything) and with its activation checkpointing (a checkpointed block keeps its input only).
+  On a CUDA device the figure is compared with that device's free memory.
 - Generation (:func:`estimate_generation`): the weights, a KV cache of ``prompt + new`` positions
   for every sequence (beams included), the prefill's transient tensors (the logits of every
   prompt position and one layer's attention scores and probabilities) and the weight copies
@@ -73,11 +76,19 @@ class MemoryEstimate:
 
 
 def estimate_training(
-    config: Any, *, batch: int, seq_len: int | None = None, dtype: str = "float32"
+    config: Any,
+    *,
+    batch: int,
+    seq_len: int | None = None,
+    dtype: str = "float32",
+    precision: str | None = None,
+    activation_checkpointing: int = 0,
 ) -> MemoryEstimate | None:
     """Memory of one Adam training step on ``batch`` sequences of ``seq_len`` tokens (default:
     the config's full context; a recurrent model has none and needs it); ``None`` for a config
-    the analysis has no formula for.
+    the analysis has no formula for. ``precision`` (the trainer's; overrides ``dtype``) and
+    ``activation_checkpointing`` (every k-th block; 0: none): see
+    :func:`~attnlab.analysis.memory.training_memory`.
 
     Raises:
         ValueError: for a non-positive ``batch`` or ``seq_len``, an unknown ``dtype``, or no
@@ -85,9 +96,15 @@ def estimate_training(
     """
     if type(config) not in PARAM_FORMULAS or type(config) not in FLOP_FORMULAS:
         return None  # the activations come from the FLOP terms (CNNs, CCT: no estimate)
-    m = training_memory(config, seq_len, batch=batch, dtype=dtype)
+    m = training_memory(config, seq_len, batch=batch, dtype=dtype, precision=precision,
+                        checkpoint_every=activation_checkpointing)  # fmt: skip
     T = seq_len if seq_len is not None else default_seq_len(config)
-    what = f"training {type(config).__name__} ({dtype}, Adam, batch {batch} x {T} tokens)"
+    how = dtype if precision in (None, "fp32") else str(precision)
+    if activation_checkpointing:
+        every = "every block" if activation_checkpointing == 1 else (
+            f"every {activation_checkpointing}th block")  # fmt: skip
+        how += f", checkpointing {every}"
+    what = f"training {type(config).__name__} ({how}, Adam, batch {batch} x {T} tokens)"
     return MemoryEstimate(
         what,
         {
@@ -259,14 +276,36 @@ def check_fits(
     )
 
 
-def check_training_fits(config: Any, batch_size: int, seq_len: int | None = None) -> None:
+def check_training_fits(
+    config: Any,
+    batch_size: int,
+    seq_len: int | None = None,
+    *,
+    precision: str | None = None,
+    activation_checkpointing: int = 0,
+    device: Any = None,
+) -> None:
     """:func:`check_fits` for training ``config`` on micro-batches of ``batch_size`` sequences
-    of ``seq_len`` tokens (default: the config's context).
+    of ``seq_len`` tokens (default: the config's context), in ``precision`` with
+    ``activation_checkpointing``, on ``device`` (a ``torch.device``; CUDA: its free memory).
 
     Raises:
         MemoryLimitError: when the estimate exceeds the available memory.
     """
-    check_fits(estimate_training(config, batch=batch_size, seq_len=seq_len))
+    estimate = estimate_training(config, batch=batch_size, seq_len=seq_len, precision=precision,
+                                 activation_checkpointing=activation_checkpointing)  # fmt: skip
+    check_fits(estimate, available=device_memory(device))
+
+
+def device_memory(device: Any) -> tuple[int, str] | None:
+    """``(free bytes, source)`` of a CUDA ``device``; ``None`` for any other (the RAM figure
+    of :func:`available_memory` applies)."""
+    if device is None or getattr(device, "type", None) != "cuda":
+        return None
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(device)
+    return free, f"free memory of {device} (torch.cuda.mem_get_info)"
 
 
 __all__ = [
@@ -276,6 +315,7 @@ __all__ = [
     "available_memory",
     "check_fits",
     "check_training_fits",
+    "device_memory",
     "estimate_generation",
     "estimate_training",
 ]

@@ -10,6 +10,7 @@ test split's per-class accuracy and confusion matrix, and for the masked LM a fi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import Any
 
@@ -36,6 +37,13 @@ def add_parser(commands: Any) -> None:
         "--batches", type=_positive, default=None, help="validation batches (default: all)"
     )
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N, mps, auto (default: cpu)")
+    p.add_argument(
+        "--precision",
+        default=None,
+        choices=("fp32", "bf16-mixed", "fp16-mixed", "bf16"),
+        help="default: the run's own (its train config)",
+    )
     p.set_defaults(func=guarded("attnlab evaluate", run_evaluate))
 
 
@@ -45,8 +53,13 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from attnlab.training.objectives import classification_accuracy
 
     run = load_run(args.run)
-    metrics: dict[str, Any] = Trainer(run.model, run.objective, run.train,
-                                      callbacks=run.callbacks).evaluate(args.batches)  # fmt: skip
+    # the run's precision (or --precision) on --device; evaluation needs no compile/checkpointing
+    run.train = dataclasses.replace(
+        run.train, device=args.device, compile=False, activation_checkpointing=0,
+        precision=args.precision or run.train.precision,
+    )  # fmt: skip
+    trainer = Trainer(run.model, run.objective, run.train, callbacks=run.callbacks)
+    metrics: dict[str, Any] = trainer.evaluate(args.batches)
     whole: dict[str, float] = {}
     if run.recipe.name == "digits":
         for split in ("val", "test"):
@@ -100,7 +113,8 @@ def mlm_fill_sample(run: Any, *, seed: int = 0) -> str:
     original text."""
     inputs, targets = run.objective.sample("val", 1, torch.Generator().manual_seed(seed))
     with torch.no_grad():
-        predicted = run.model(inputs).logits.argmax(-1)  # (1, T)
+        device = next(iter(run.model.parameters())).device
+        predicted = run.model(inputs.to(device)).logits.argmax(-1).cpu()  # (1, T)
     selected = targets[0] != -100
     tok = run.tokenizer
     if tok is None:

@@ -40,6 +40,7 @@ from attnlab.cli.speculative import (  # speculative decoding (issue 27)
     print_summary,
 )
 from attnlab.generation import ContextLengthError, GenerationConfig
+from attnlab.training.hardware import PRECISIONS, Precision
 
 
 def add_parser(commands: Any) -> None:
@@ -63,6 +64,12 @@ def add_parser(commands: Any) -> None:
     add_speculative_arguments(p)  # --draft, --num-draft-tokens
     p.add_argument("--no-stream", action="store_true", help="print only at the end")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto")
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        choices=PRECISIONS,
+        help="fp32; bf16-mixed/fp16-mixed: autocast; bf16: bfloat16 weights (as training)",
+    )
     add_quantize_argument(p)  # --quantize int8|int4 (attnlab.cli.quantize)
     p.add_argument(
         "--ignore-memory-check",
@@ -157,8 +164,9 @@ def _prompts(args: argparse.Namespace, tokenizer: Any) -> list[list[int]]:
 
 def run_generate(args: argparse.Namespace) -> int:
     """``attnlab generate``: 0, or 2 with one ``error:`` line on bad input."""
+    import torch
+
     import attnlab
-    from attnlab.generation import beam_search
     from attnlab.generation.recurrent import is_recurrent
     from attnlab.generation.request import resolve_eos
 
@@ -176,7 +184,12 @@ def run_generate(args: argparse.Namespace) -> int:
     decoder_only = isinstance(model, attnlab.GPT) or is_recurrent(model)
     if not decoder_only and not isinstance(model, attnlab.EncoderDecoderTransformer):
         fail(f"{args.model} holds a {type(model).__name__}, which does not generate")
+    if args.quantize is not None and args.precision != "fp32":
+        fail(f"--quantize computes in float32; it does not combine with --precision "
+             f"{args.precision}")  # fmt: skip
     model = quantize_loaded(model, args.quantize, args.model)  # --quantize (cli.quantize)
+    precision = Precision(args.precision, torch.device(device))
+    precision.prepare_model(model)
     eos = set(resolve_eos(cast(Any, model), config.eos_ids))  # a model that generates
     source_eos = (
         model.config.eos_id if isinstance(model, attnlab.EncoderDecoderTransformer) else None
@@ -184,6 +197,20 @@ def run_generate(args: argparse.Namespace) -> int:
     draft = load_draft(args, model, tokenizer, config, device)  # --draft (speculative decoding)
     if source_eos is not None and not args.no_source_eos:
         prompts = [p if p[-1:] == [source_eos] else [*p, source_eos] for p in prompts]
+    try:
+        with precision.autocast():
+            return _emit(args, model, prompts, config, generator, draft, tokenizer, eos,
+                         decoder_only)  # fmt: skip
+    except ContextLengthError as e:
+        fail(context_message(e))
+
+
+def _emit(
+    args: argparse.Namespace, model: Any, prompts: list[list[int]], config: Any, generator: Any,
+    draft: Any, tokenizer: Any, eos: set[int], decoder_only: bool,
+) -> int:  # fmt: skip
+    """Generate and print (beam search, a streamed text, or rows)."""
+    from attnlab.generation import beam_search
 
     def show(row: list[int]) -> str:
         if tokenizer is None:
@@ -193,22 +220,18 @@ def run_generate(args: argparse.Namespace) -> int:
     def label(i: int, n: int) -> str:
         return f"[{i}] " if n > 1 else ""
 
-    try:
-        if config.num_beams != 1:
-            out = beam_search(model, prompts, config)
-            rows = out.sequences.tolist()
-            for i, (seq, n) in enumerate(zip(rows, out.lengths.tolist(), strict=True)):
-                print(f"{label(i, len(rows))}score={float(out.scores[i]):.4f}  {show(seq[:n])}")
-            return 0
-        one = len(prompts) == 1 and config.num_return_sequences == 1
-        if tokenizer is not None and one and not args.no_stream:
-            echo = decoder_only
-            _stream_text(model, tokenizer, prompts[0], config, generator, echo,
-                         draft_options(args, draft))  # fmt: skip
-            return 0
-        rows = decode(model, prompts, config, generator, args, draft).tolist()
-    except ContextLengthError as e:
-        fail(context_message(e))
+    if config.num_beams != 1:
+        out = beam_search(model, prompts, config)
+        rows = out.sequences.tolist()
+        for i, (seq, n) in enumerate(zip(rows, out.lengths.tolist(), strict=True)):
+            print(f"{label(i, len(rows))}score={float(out.scores[i]):.4f}  {show(seq[:n])}")
+        return 0
+    one = len(prompts) == 1 and config.num_return_sequences == 1
+    if tokenizer is not None and one and not args.no_stream:
+        _stream_text(model, tokenizer, prompts[0], config, generator, decoder_only,
+                     draft_options(args, draft))  # fmt: skip
+        return 0
+    rows = decode(model, prompts, config, generator, args, draft).tolist()
     for i, row in enumerate(rows):
         end = next((j + 1 for j, t in enumerate(row) if t in eos), len(row))  # through EOS
         print(f"{label(i, len(rows))}{show(row[:end])}")

@@ -46,6 +46,7 @@ from attnlab.training.distributed import (
     launched_by_torchrun,
     shutdown_distributed,
 )
+from attnlab.training.hardware import resolve_device
 from attnlab.training.recipes import RECIPES, Prepared, Recipe, get_recipe
 from attnlab.training.recipes.base import expand_aliases
 from attnlab.training.recipes.runner import train_recipe
@@ -200,9 +201,14 @@ def _check_memory(
 ) -> None:
     """Refuse a run whose estimate exceeds the available memory: under torchrun each process
     computes its slice of every micro-batch of ``batch`` sequences of ``seq_len`` tokens."""
-    world_size = _env_int("WORLD_SIZE", 1) if launched_by_torchrun() else 1
+    torchrun = launched_by_torchrun()
+    world_size = _env_int("WORLD_SIZE", 1) if torchrun else 1
     train.per_rank_batch_size(world_size)  # raises when the world size does not divide it
-    check_training_fits(model_config, max(1, batch // world_size), seq_len)
+    device = None if torchrun else resolve_device(train.device)  # absent: refused here
+    check_training_fits(
+        model_config, max(1, batch // world_size), seq_len, precision=train.precision,
+        activation_checkpointing=train.activation_checkpointing, device=device,
+    )  # fmt: skip
 
 
 def _budget(train: TrainConfig) -> str:
@@ -214,9 +220,10 @@ def _budget(train: TrainConfig) -> str:
 
 
 def _print_header(prepared: Prepared, run: RunDir, ctx: Any, resume: bool) -> None:
-    device = f"{ctx.world_size} processes ({ctx.backend})" if ctx.enabled else "CPU" if not (
-        torch.cuda.is_available()
-    ) else "CUDA"  # fmt: skip
+    t = prepared.train
+    device = f"{ctx.world_size} processes ({ctx.backend})" if ctx.enabled else str(
+        resolve_device(t.device, prepared.model)
+    )  # fmt: skip
     what = "resuming" if resume else "training"
     active = ""
     if getattr(prepared.model_config, "n_experts", 0):  # a mixture of experts
@@ -230,10 +237,17 @@ def _print_header(prepared: Prepared, run: RunDir, ctx: Any, resume: bool) -> No
     )
     data = ", ".join(f"{k} {v}" for k, v in prepared.data.info.items())
     print(f"  data: {data}" if data else "  data: -", flush=True)
-    t = prepared.train
     print(
         f"  budget: {_budget(t)}; batch {t.batch_size} x {t.grad_accum}, {t.optimizer} lr {t.lr:g}"
         f" ({t.schedule}), seed {t.seed}",
+        flush=True,
+    )
+    checkpointing = t.activation_checkpointing
+    blocks = "off" if not checkpointing else "every block" if checkpointing == 1 else (
+        f"every {checkpointing}th block")  # fmt: skip
+    print(
+        f"  compute: precision {t.precision}, compile {'on' if t.compile else 'off'}, "
+        f"activation checkpointing {blocks}, optimizer {t.optimizer_impl}",
         flush=True,
     )
 
@@ -250,6 +264,7 @@ def _print_summary(
                   "best": {"metric": prepared.train.best_metric, "value": result.best_value,
                            "step": result.best_step},
                   "final": result.final, "checkpoint": str(result.checkpoint),
+                  "compile_s": result.compile_s, "setup": result.setup,
                   "model": config_to_dict(prepared.model_config)}  # fmt: skip
         print(json.dumps(record, indent=2))
         return
@@ -259,6 +274,15 @@ def _print_summary(
         f"trained to step {result.step} in {result.seconds:.1f} s this session "
         f"({result.elapsed_s:.1f} s in total; stopped by {result.stopped_by or 'request'}), {loss}"
     )
+    setup = result.setup
+    if setup:
+        blocks = setup["checkpointed_blocks"]
+        print(
+            f"computed on {setup['device']} in {setup['precision']}, optimizer "
+            f"{setup['optimizer']}, {blocks} checkpointed blocks"
+        )
+    if result.compile_s is not None:
+        print(f"compiled in {result.compile_s:.1f} s (before the first step; not in step times)")
     if last:
         print("validation: " + _metrics_line(last))
     for name, metrics in result.final.items():

@@ -65,7 +65,9 @@ class TokenEmbedding(nn.Module):
                 f"token ids are on the meta device (shapes, no values) but the embedding is on "
                 f"{self.weight.device}: move them to one device"
             )
-        if ids.numel() and ids.device.type != "meta":
+        # the range check reads values (a graph break under torch.compile, which the
+        # embedding kernel's own index check replaces there)
+        if ids.numel() and ids.device.type != "meta" and not torch.compiler.is_compiling():
             lo, hi = int(ids.min()), int(ids.max())
             if lo < 0 or hi >= self.vocab_size:
                 bad = lo if lo < 0 else hi

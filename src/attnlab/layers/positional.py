@@ -118,6 +118,7 @@ class LearnedPositionalEmbedding(PositionalEncoding):
         if (
             positions.numel()
             and positions.device.type != "meta"
+            and not torch.compiler.is_compiling()  # a value read: a graph break when compiled
             and int(positions.max()) >= self.max_seq_len
         ):
             raise ValueError(

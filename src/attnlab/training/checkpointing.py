@@ -5,7 +5,8 @@ run directory (:mod:`attnlab.training.rundir`):
 
 - :meth:`~TrainerCheckpoints.state_dict` / :meth:`~TrainerCheckpoints.load_state_dict`: step,
   optimizer (full, keyed by parameter name), scheduler, RNG states (every process's), the data
-  position, training time and tokens, the best score and early-stopping counter;
+  position, training time and tokens, the best score and early-stopping counter, the precision
+  (fp16's loss scaler and skipped steps);
 - :meth:`~TrainerCheckpoints.save`: rank 0 writes a checkpoint (all processes call it);
 - :meth:`~TrainerCheckpoints.resume`: rank 0 tries the run's checkpoints newest first and
   uses the first that loads, saying which it skipped and why; it refuses (``RunDirError``) a
@@ -46,6 +47,7 @@ from attnlab.training.distributed import (
     load_full_state,
     rank_seed,
 )
+from attnlab.training.hardware import Precision
 from attnlab.training.metrics import MetricsLogger, read_metrics
 from attnlab.training.objectives import DataStream
 from attnlab.training.rundir import RunDir, RunDirError
@@ -66,6 +68,7 @@ class _Trainer(Protocol):
     scheduler: torch.optim.lr_scheduler.LambdaLR
     stream: DataStream
     device: torch.device
+    precision: Precision
     callbacks: list[Any]
     step: int
     elapsed: float
@@ -108,6 +111,7 @@ class TrainerCheckpoints:
             "best_step": t.best_step,
             "evals_since_best": t.evals_since_best,
             "world_size": t.dist.world_size,
+            "precision": t.precision.state_dict(),
             "train_config": t.config.to_dict(),
         }
 
@@ -137,6 +141,7 @@ class TrainerCheckpoints:
         t.best_value = None if best is None or best == float("inf") else float(best)
         t.best_step = state.get("best_step")
         t.evals_since_best = int(state["evals_since_best"])
+        t.precision.load_state_dict(state.get("precision", {}))  # any precision's state loads
 
     # -- saving ----------------------------------------------------------------------------
 

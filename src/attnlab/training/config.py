@@ -21,6 +21,7 @@ additions (averaging is §6.1's, as an option).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,6 +30,8 @@ from attnlab.config import Config, check_positive, check_probability
 ScheduleName = Literal["noam", "cosine", "constant"]
 OptimizerName = Literal["adam", "adamw", "sgd"]
 OptimizerImpl = Literal["auto", "fused", "foreach", "for-loop"]
+PrecisionName = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16"]
+DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +84,11 @@ class TrainConfig(Config):
     log_every: int = 10  # steps between metrics.jsonl lines
     progress: bool = True  # tqdm bar with loss, lr and tokens/s
     tensorboard: bool = False  # also log through torch.utils.tensorboard (when installed)
+    # -- hardware (attnlab.training.hardware; docs/training_hardware.md)
+    device: str | None = None  # cpu, cuda, cuda:N, mps, auto; None: where the model is
+    precision: PrecisionName = "fp32"  # -mixed: autocast, float32 weights and optimizer state
+    compile: bool = False  # torch.compile the model trained (compile time reported apart)
+    activation_checkpointing: int = 0  # recompute every k-th block in the backward; 0: off
     # -- distributed (under torchrun; ignored by a single process)
     fsdp: bool = False  # shard parameters, gradients and optimizer state (FSDP2); else DDP
     # -- reproducibility
@@ -117,9 +125,15 @@ class TrainConfig(Config):
             ("eval_every", self.eval_every),
             ("checkpoint_every", self.checkpoint_every),
             ("average_last", self.average_last),
+            ("activation_checkpointing", self.activation_checkpointing),
         ):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
+        if self.device is not None and not DEVICE_PATTERN.fullmatch(self.device):
+            raise ValueError(
+                f"device={self.device!r} is not valid; choose cpu, cuda, cuda:N, mps or auto "
+                "(or None: the device the model is on)"
+            )
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if not self.best_metric.startswith("val_"):
@@ -173,4 +187,4 @@ class TrainConfig(Config):
         return self.batch_size // world_size
 
 
-__all__ = ["OptimizerImpl", "OptimizerName", "ScheduleName", "TrainConfig"]
+__all__ = ["OptimizerImpl", "OptimizerName", "PrecisionName", "ScheduleName", "TrainConfig"]

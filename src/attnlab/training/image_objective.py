@@ -51,10 +51,16 @@ Sampling = Literal["epoch", "random"]
 _EPOCH_SEED_STRIDE = 1_000_003  # the order of epoch e: randperm under seed * stride + e + 1
 
 
-def model_context(autocast: bool) -> contextlib.AbstractContextManager[Any]:
-    """``torch.autocast("cpu", bfloat16)`` when ``autocast``, else a no-op."""
-    if autocast:
-        return torch.autocast("cpu", dtype=torch.bfloat16)
+def model_context(
+    autocast: bool | str, device_type: str = "cpu"
+) -> contextlib.AbstractContextManager[Any]:
+    """``torch.autocast(device_type, bfloat16)`` when ``autocast`` is ``True`` or
+    ``"bf16-mixed"``, float16 for ``"fp16-mixed"``, else a no-op (a trainer precision name:
+    ``"fp32"``, ``"bf16"`` run without autocast)."""
+    if autocast is True or autocast == "bf16-mixed":
+        return torch.autocast(device_type, dtype=torch.bfloat16)
+    if autocast == "fp16-mixed":
+        return torch.autocast(device_type, dtype=torch.float16)
     return contextlib.nullcontext()
 
 
@@ -262,24 +268,28 @@ def predict(
     split: Split,
     *,
     batch_size: int = 500,
-    autocast: bool = False,
+    autocast: bool | str = False,
     channels_last: bool = False,
     limit: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Predicted and true labels of the whole ``split`` in order (or its first ``limit``
-    images), in eval mode (restored afterwards): ``(N,)``, ``(N,)``."""
+    images), in eval mode (restored afterwards): ``(N,)``, ``(N,)``. ``autocast``: as
+    :func:`model_context`; images are given on the device and in the dtype of the model's
+    weights."""
     was_training = model.training
     model.eval()
     x, y = data.split(split)
     if limit is not None:
         x, y = x[:limit], y[:limit]
     preds = []
+    weight = next(iter(model.parameters()))
     try:
         for i in range(0, len(x), batch_size):
             images = _layout(data.normalize(x[i : i + batch_size]), channels_last)  # (b, C, H, W)
-            with model_context(autocast):
+            images = images.to(device=weight.device, dtype=weight.dtype)
+            with model_context(autocast, weight.device.type):
                 logits = model(images)  # (b, K)
-            preds.append(logits.float().argmax(-1))
+            preds.append(logits.float().argmax(-1).cpu())
     finally:
         model.train(was_training)
     return torch.cat(preds), y

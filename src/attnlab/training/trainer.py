@@ -57,12 +57,15 @@ from attnlab.training.distributed import (
     rank_seed,
     unwrap_model,
 )
+from attnlab.training.hardware import Precision, compile_warm_up, resolve_device
 from attnlab.training.metrics import MetricsLogger
 from attnlab.training.moe import MoEStepStats
 from attnlab.training.objectives import Objective
-from attnlab.training.optim import build_optimizer, build_scheduler
+from attnlab.training.optim import build_optimizer, build_scheduler, describe_optimizer
 from attnlab.training.progress import Progress
 from attnlab.training.rundir import RunDir
+from attnlab.transforms.activation_checkpointing import checkpoint_blocks, checkpointed_blocks
+from attnlab.transforms.compile import compile_model
 
 
 class NonFiniteLossError(ValueError):
@@ -99,6 +102,10 @@ class FitResult:
             ``"early_stopping"``, or ``None`` (interrupted with ``until``).
         seconds: this call's wall time. elapsed_s: training time in total.
         final: evaluations of the models made at the end (``"averaged"``).
+        compile_s: seconds ``torch.compile`` took before the first step (``config.compile``;
+            in ``seconds`` and ``elapsed_s``, not in the step times).
+        setup: how the run computed (:meth:`Trainer.setup_info`: device, precision, the
+            optimizer's implementation, compile, checkpointed blocks).
     """
 
     step: int
@@ -111,6 +118,8 @@ class FitResult:
     elapsed_s: float = 0.0
     checkpoint: Path | None = None
     final: dict[str, dict[str, float]] = field(default_factory=dict)
+    compile_s: float | None = None
+    setup: dict[str, Any] = field(default_factory=dict)
 
     @property
     def stopped_early(self) -> bool:
@@ -155,11 +164,19 @@ class Trainer:
             d_model = getattr(getattr(unwrap_model(model), "config", None), "d_model", None)
         if config.schedule == "noam" and d_model is None:
             raise ValueError("schedule='noam' needs d_model (the model has no config.d_model)")
-        # the module trained (a DDP wrapper, a sharded model, or model itself) and the user's
-        self.model = parallelize(model, self.dist, fsdp=config.fsdp)
-        self.module = unwrap_model(self.model)
-        first = next(iter(self.module.parameters()), None)
-        self.device = self.dist.device if self.dist.enabled or first is None else first.device
+        # device, precision, checkpointing (attnlab.training.hardware, attnlab.transforms)
+        process = self.dist.device if self.dist.enabled else None
+        self.device = resolve_device(config.device, unwrap_model(model), process)
+        self.precision = Precision(config.precision, self.device)
+        model = self.precision.prepare_model(model.to(self.device))
+        if config.activation_checkpointing:
+            checkpoint_blocks(unwrap_model(model), config.activation_checkpointing)
+        # the module trained (compiled, a DDP wrapper, a sharded model, or model itself), the
+        # one wrapped for data parallelism, and the user's
+        self.wrapped = parallelize(model, self.dist, fsdp=config.fsdp)
+        self.model = compile_model(self.wrapped) if config.compile else self.wrapped
+        self.module = unwrap_model(self.wrapped)
+        self.compile_s: float | None = None  # measured by fit's compile warm-up
         self.optimizer = build_optimizer(model, config)
         self.scheduler = build_scheduler(self.optimizer, config, d_model=d_model or 1)
         self.stream = objective.train_stream(config.batch_size, config.seed)
@@ -190,8 +207,21 @@ class Trainer:
     # -- one update ------------------------------------------------------------------------
 
     def _local(self, batch: Any) -> Any:
-        """This process's slice of a global batch, on its device."""
-        return move_to(shard_batch(batch, self.dist.rank, self.dist.world_size), self.device)
+        """This process's slice of a global batch, on its device (floats in the weights'
+        dtype under pure bf16)."""
+        local = shard_batch(batch, self.dist.rank, self.dist.world_size)
+        return self.precision.batch(move_to(local, self.device))
+
+    def setup_info(self) -> dict[str, Any]:
+        """How this run computes: device, precision, optimizer implementation, compile and
+        activation checkpointing (recorded in ``run.json``'s sessions and printed)."""
+        return {
+            "device": str(self.device),
+            "precision": self.precision.name,
+            "optimizer": describe_optimizer(self.optimizer),
+            "compile": self.config.compile,
+            "checkpointed_blocks": checkpointed_blocks(self.module),
+        }
 
     def train_step(self) -> tuple[float, int, float]:
         """One optimizer update; returns ``(loss, tokens, grad norm before clipping)``, all
@@ -210,18 +240,19 @@ class Trainer:
         if self.moe is not None:
             self.moe.reset()
         for i, batch in enumerate(micro):
-            with gradient_sync(self.model, i == len(micro) - 1):
-                terms = self.objective.loss(
-                    self.model, self._local(batch), label_smoothing=c.label_smoothing
-                )
-                loss = terms.loss_sum / max(total, 1)
-                objective = loss
-                if terms.aux_loss is not None:  # a mean: weighted by this micro-batch's share
-                    aux = terms.aux_loss * (terms.count / max(total, 1))
-                    objective = loss + aux
-                    aux_value += float(aux.detach())
+            with gradient_sync(self.wrapped, i == len(micro) - 1):
+                with self.precision.autocast():
+                    terms = self.objective.loss(
+                        self.model, self._local(batch), label_smoothing=c.label_smoothing
+                    )
+                    loss = terms.loss_sum / max(total, 1)
+                    objective = loss
+                    if terms.aux_loss is not None:  # a mean, weighted by this batch's share
+                        aux = terms.aux_loss * (terms.count / max(total, 1))
+                        objective = loss + aux
+                        aux_value += float(aux.detach())
                 # DDP and FSDP average gradients over the processes; the loss sums over them
-                (objective * world if world > 1 else objective).backward()
+                self.precision.scale(objective * world if world > 1 else objective).backward()
             loss_value += loss.item()
             if self.moe is not None:
                 self.moe.add()
@@ -234,21 +265,28 @@ class Trainer:
                 f"the training loss is {loss_value}{aux_note} at step {self.step + 1}; stopped "
                 "before applying it (nothing of this step was saved). Lower lr, enable clipping "
                 "(clip_grad_norm) or warmup, or check the data and init_std"
-            )
+                + ("; under fp16-mixed the forward may overflow float16's range (65504): try "
+                   "bf16-mixed" if self.precision.name == "fp16-mixed" else "")
+            )  # fmt: skip
+        self.precision.unscale(self.optimizer)  # fp16: true gradients before clipping
         grad_norm = clip_gradients(self.model, c.clip_grad_norm)
-        self.optimizer.step()
+        stepped = self.precision.step(self.optimizer)  # fp16: skipped if gradients overflowed
         self.scheduler.step()
-        if self.moe is not None:  # aux-loss-free balancing: biases follow the step's load
+        if self.moe is not None and stepped:  # aux-loss-free balancing: biases follow the load
             self.moe.after_step(self.module, self.dist)
         self.step += 1
         return loss_value, sum(self.objective.n_tokens(b) for b in micro), grad_norm
 
     def _train_extras(self) -> dict[str, Any]:
-        """The last step's figures beyond the loss: the auxiliary loss added to it, and the
-        mixture-of-experts statistics (:meth:`~attnlab.training.moe.MoEStepStats.fields`)."""
+        """The last step's figures beyond the loss: fp16's loss scale and skipped steps, the
+        auxiliary loss added to it, and the mixture-of-experts statistics
+        (:meth:`~attnlab.training.moe.MoEStepStats.fields`)."""
+        out: dict[str, Any] = {}
+        if self.precision.scaler is not None:
+            out = {"loss_scale": self.precision.loss_scale, "skipped_steps": self.precision.skipped}
         if self.moe is None:
-            return {}
-        return {"aux_loss": self.last_aux_loss, **self.moe.fields(self.dist)}
+            return out
+        return {**out, "aux_loss": self.last_aux_loss, **self.moe.fields(self.dist)}
 
     # -- evaluation ------------------------------------------------------------------------
 
@@ -270,20 +308,31 @@ class Trainer:
         module.eval()
         loss_sum, count, correct = 0.0, 0, 0
         batches = self.val_batches()
-        for batch in batches[:n_batches] if n_batches is not None else batches:
-            terms = self.objective.loss(module, self._local(batch), label_smoothing=0.0)
-            loss_sum += float(terms.loss_sum)
-            count += terms.count
-            correct += terms.correct
-        if self.dist.enabled:
-            loss_sum, n, right = all_reduce_sum([loss_sum, count, correct], self.dist)
-            count, correct = round(n), round(right)
-        out = {"val_loss": loss_sum / max(count, 1), "val_accuracy": correct / max(count, 1)}
-        for callback in self.callbacks:
-            extra = callback.metrics(self, module, dict(out))
-            out.update({f"val_{k}": v for k, v in extra.items()})
+        with self.precision.autocast():  # evaluation computes as training does (eager)
+            for batch in batches[:n_batches] if n_batches is not None else batches:
+                terms = self.objective.loss(module, self._local(batch), label_smoothing=0.0)
+                loss_sum += float(terms.loss_sum)
+                count += terms.count
+                correct += terms.correct
+            if self.dist.enabled:
+                loss_sum, n, right = all_reduce_sum([loss_sum, count, correct], self.dist)
+                count, correct = round(n), round(right)
+            out = {"val_loss": loss_sum / max(count, 1), "val_accuracy": correct / max(count, 1)}
+            for callback in self.callbacks:
+                extra = callback.metrics(self, module, dict(out))
+                out.update({f"val_{k}": v for k, v in extra.items()})
         module.train(was_training)
         return out
+
+    def _compile_warm_up(self) -> float:
+        """Compile the forward and backward on the first validation batch
+        (:func:`~attnlab.training.hardware.compile_warm_up`); returns its seconds."""
+
+        def loss() -> torch.Tensor:
+            batch = self._local(self.val_batches()[0])
+            return self.objective.loss(self.model, batch, label_smoothing=0.0).loss_sum
+
+        return compile_warm_up(self.model, self.module, loss, self.precision, self.optimizer)
 
     def _evaluate(self, result: FitResult, log: MetricsLogger | None) -> bool:
         """Evaluate, log, track the best (exporting it); returns whether early stopping fires."""
@@ -379,6 +428,7 @@ class Trainer:
             torch.use_deterministic_algorithms(was_deterministic, warn_only=warn_only)
         result.step, result.elapsed_s = self.step, self.elapsed
         result.best_value, result.best_step = self.best_value, self.best_step
+        result.compile_s, result.setup = self.compile_s, self.setup_info()
         return result
 
     def _loop(self, result: FitResult, log: MetricsLogger | None, until: int | None) -> None:
@@ -387,6 +437,9 @@ class Trainer:
         stopped = self._budget_hit()
         progress = Progress(c, self.stream, initial_step=self.step, initial_s=self.elapsed,
                             enabled=c.progress and self.dist.is_main)  # fmt: skip
+        compiled_now = c.compile and self.compile_s is None and stopped is None
+        if compiled_now:  # before the clock of the step times starts
+            self.compile_s = self._compile_warm_up()
         last_log, tokens_since_log = time.monotonic(), 0
         with progress:
             while stopped is None and (until is None or self.step < until):
@@ -402,9 +455,12 @@ class Trainer:
                     tok_s = tokens_since_log / max(now - last_log, 1e-9)
                     last_log, tokens_since_log = now, 0
                     extra = self._train_extras()  # every process: they are summed over them
+                    if compiled_now:  # the first record of a session that compiled
+                        extra["compile_s"], compiled_now = round(self.compile_s or 0.0, 3), False
                     if log is not None:
                         log.log(_record("train", self.step, self.elapsed, {
-                            "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": self.tokens,
+                            "loss": loss, "lr": lr, "tokens": self.tokens,
+                            "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
                             "tokens_per_s": tok_s, "epoch": self.stream.epoch,
                             **extra}))  # fmt: skip
                 if (c.eval_every and self.step % c.eval_every == 0) or stopped is not None:

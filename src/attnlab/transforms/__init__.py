@@ -7,7 +7,11 @@ that already exists:
 - :mod:`~attnlab.transforms.decode_weights`: reordered weight copies for the per-token
   projections of decoding on the CPU (used by :mod:`attnlab.generation` for one call).
 - :mod:`~attnlab.transforms.precision`: attention computed in float32 inside a bfloat16-autocast
-  model (the ``cifar10`` recipe's ``precision=bf16``).
+  model (the trainer's mixed precisions on the CPU).
+- :mod:`~attnlab.transforms.activation_checkpointing`: recompute every (k-th) block in the
+  backward (:func:`checkpoint_blocks`; :func:`activation_memory` measures what it saves).
+- :mod:`~attnlab.transforms.compile`: ``torch.compile`` of a model (:func:`compile_model`,
+  :func:`uncompiled`).
 - weight-only quantization: :func:`quantize` (int8 per channel / int4 group-wise on PyTorch's
   packed CPU kernels; :mod:`~attnlab.transforms.quantize`); the quantized layers
   (:mod:`~attnlab.transforms.quant_modules`, :mod:`~attnlab.transforms.quant_embedding`); formats
@@ -19,6 +23,13 @@ that already exists:
 The layers and models keep no quantization code.
 """
 
+from attnlab.transforms.activation_checkpointing import (
+    activation_memory,
+    checkpoint_blocks,
+    checkpointed_blocks,
+    remove_checkpointing,
+)
+from attnlab.transforms.compile import compile_model, is_compiled, uncompiled
 from attnlab.transforms.decode_weights import (
     MAX_ROWS,
     ONEDNN_MIN_NUMEL,
@@ -65,10 +76,15 @@ __all__ = [
     "QuantizedFootprint",
     "QuantizedLinear",
     "WeightBytes",
+    "activation_memory",
+    "checkpoint_blocks",
+    "checkpointed_blocks",
+    "compile_model",
     "copy_numel",
     "decode_layout",
     "fitting_group_size",
     "float32_attention",
+    "is_compiled",
     "is_quantized_dir",
     "load_quantized",
     "quantize",
@@ -76,6 +92,8 @@ __all__ = [
     "quantized_weight_bytes",
     "read_quantization_config",
     "release_copies",
+    "remove_checkpointing",
     "reordering_available",
     "save_quantized",
+    "uncompiled",
 ]

@@ -32,6 +32,7 @@ from attnlab.models import build_model, config_from_json_dict
 from attnlab.registry import Registry
 from attnlab.tokenizers import Tokenizer, load_tokenizer
 from attnlab.training.config import TrainConfig
+from attnlab.training.hardware import prepare_for_precision
 from attnlab.training.objectives import Objective
 from attnlab.training.rundir import TOKENIZER_NAME, RunDir, latest_checkpoint
 from attnlab.training.state import load_training_state
@@ -222,6 +223,20 @@ def route_overrides(
     return routed
 
 
+def stored_aliases(recipe: Recipe, saved: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{"options": {...}, "train": {...}}``: what the older option names stored in a run
+    record (``run.json``'s ``options``) mean now, e.g. cifar10's ``precision`` (now the
+    trainer's); names that are still fields of the options are left to them."""
+    fields = _field_names(recipe.options)
+    old = {k: v for k, v in saved.get("options", {}).items()
+           if k in recipe.aliases and k not in fields}  # fmt: skip
+    out: dict[str, dict[str, Any]] = {"options": {}, "train": {}}
+    for key, value in expand_aliases(recipe, old).items():
+        section, _, name = key.rpartition(".")
+        out["train" if section == "train" or name not in fields else "options"][name] = value
+    return out
+
+
 def _build(model_config: Any, *, seed: int) -> nn.Module:
     torch.manual_seed(seed)
     return build_model(model_config)
@@ -307,12 +322,14 @@ def load_run(run_dir: str | os.PathLike[str], *, weights: bool = True) -> Prepar
         type(r.options), {k: v for k, v in saved["options"].items() if k in option_fields}
     )  # attnlab 0.1 wrote every recipe's options into every run; this recipe's are kept
     train_data = {k: v for k, v in saved["train"].items() if k in _field_names(r.train)}
+    train_data.update(stored_aliases(r, saved)["train"])
     train = TrainConfig.from_dict(train_data)
     model_config = config_from_json_dict(saved["model"])
     tokenizer_file = run.path / TOKENIZER_NAME
     tokenizer = load_tokenizer(tokenizer_file) if tokenizer_file.is_file() else None
     data = r.data(options, tokenizer, train)
     model = r.model_transform(options, _build(model_config, seed=train.seed))
+    prepare_for_precision(model, train.precision)  # evaluated as it trained (on the CPU)
     checkpoint = None
     if weights:
         checkpoint = latest_checkpoint(run.path)
@@ -335,4 +352,5 @@ __all__ = [
     "prepare",
     "route_overrides",
     "save_run_files",
+    "stored_aliases",
 ]

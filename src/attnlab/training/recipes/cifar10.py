@@ -16,9 +16,11 @@ schedule after a linear warmup of 5% of the steps (at most 500); flags given win
 on the whole validation split once per epoch (of CIFAR-10's training images that the options
 keep: 45,000 by default) unless ``--eval-every`` says otherwise.
 ``--precision bf16`` runs the model under CPU bfloat16 autocast with the attention kept in
-float32 (:func:`attnlab.transforms.float32_attention`); ``--channels-last`` lays batches and
-weights out NHWC. ``--train-per-class`` / ``--val-per-class`` / ``--test-per-class`` keep the
-first images of each class, for smoke runs.
+float32 (:func:`attnlab.transforms.float32_attention`): in this recipe it is the trainer's
+``precision="bf16-mixed"`` (:mod:`attnlab.training.hardware`), the meaning it had before that
+field existed (pure bfloat16 weights: ``--train.precision bf16``); ``--channels-last`` lays
+batches and weights out NHWC. ``--train-per-class`` / ``--val-per-class`` /
+``--test-per-class`` keep the first images of each class, for smoke runs.
 
 :func:`evaluate_split` scores a trained run on a whole split: accuracy, per-class accuracy and
 the confusion matrix (``attnlab evaluate RUN``, ``attnlab viz confusion RUN``).
@@ -40,7 +42,7 @@ from attnlab.models.resnet import ResNetConfig
 from attnlab.tokenizers import Tokenizer
 from attnlab.training.augment import AugmentConfig
 from attnlab.training.cifar10 import CLASSES, Cifar10
-from attnlab.training.config import TrainConfig
+from attnlab.training.config import PrecisionName, TrainConfig
 from attnlab.training.data import Split
 from attnlab.training.image_objective import (
     AugmentedClassificationObjective,
@@ -49,7 +51,6 @@ from attnlab.training.image_objective import (
 )
 from attnlab.training.objectives import Objective
 from attnlab.training.recipes.base import RECIPES, Data, Prepared, Recipe
-from attnlab.transforms.precision import float32_attention
 
 # --model -> the preset it trains
 MODELS = {
@@ -92,7 +93,6 @@ class Cifar10Options(Config):
     mixup_alpha: float = 0.0  # 0: off
     cutmix_alpha: float = 0.0  # 0: off
     mix_prob: float = 1.0  # probability that a batch is mixed (when mixup/CutMix is on)
-    precision: Literal["fp32", "bf16"] = "fp32"  # bf16: CPU autocast, attention in float32
     channels_last: bool = False  # NHWC batches and weights (oneDNN's preferred layout)
 
     def validate(self) -> None:
@@ -147,16 +147,20 @@ def _model_config(options: Cifar10Options, data: Data | None) -> Any:
 def _objective(options: Cifar10Options, config: Any, data: Data, train: TrainConfig) -> Objective:
     return AugmentedClassificationObjective(
         data.value, options.augment(), sampling=options.sampling,
-        autocast=options.precision == "bf16", channels_last=options.channels_last,
+        channels_last=options.channels_last,
     )  # fmt: skip
 
 
 def _transform(options: Cifar10Options, model: nn.Module) -> nn.Module:
     if options.channels_last:
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-    if options.precision == "bf16":
-        model = float32_attention(model)
     return model
+
+
+def _precision(value: str) -> dict[str, Any]:
+    """This recipe's ``precision``: ``bf16`` is bfloat16 autocast (``bf16-mixed``), as it was
+    before the trainer had the field."""
+    return {"train.precision": "bf16-mixed" if value == "bf16" else value}
 
 
 def _adjust(
@@ -187,6 +191,7 @@ CIFAR10 = Recipe(
     run_name=lambda o: f"cifar10-{o.model}",
     derived=("n_classes", "in_channels", "image_size"),
     model_transform=_transform,
+    aliases={"precision": (_precision, PrecisionName)},
     variants=(Cifar10Options(model="vit-cifar"), Cifar10Options(model="cct-cifar")),
 )  # fmt: skip
 RECIPES.add(CIFAR10.name, CIFAR10)
@@ -228,7 +233,7 @@ def evaluate_split(
     options: Cifar10Options = prepared.options
     predicted, labels = predict(
         prepared.model, data, split, batch_size=batch_size,
-        autocast=options.precision == "bf16", channels_last=options.channels_last,
+        autocast=prepared.train.precision, channels_last=options.channels_last,
     )  # fmt: skip
     cm = confusion_matrix(predicted, labels, len(CLASSES))
     totals = cm.sum(dim=1).clamp_min(1)

@@ -25,6 +25,7 @@ from attnlab.training.recipes.base import (
     get_recipe,
     prepare,
     save_run_files,
+    stored_aliases,
 )
 from attnlab.training.rundir import TOKENIZER_NAME, RunDir, RunDirError
 from attnlab.training.trainer import FitResult, Trainer
@@ -34,7 +35,7 @@ RESUMABLE = {
     "train": ("steps", "max_minutes", "max_epochs", "eval_every", "eval_batches", "log_every",
               "checkpoint_every", "checkpoint_every_minutes", "keep_checkpoints", "progress",
               "tensorboard", "fsdp", "average_last", "early_stopping", "save_best",
-              "export_last"),
+              "export_last", "device", "precision", "compile", "activation_checkpointing"),
     "options": ("eval_bleu_sentences", "eval_size"),
 }  # fmt: skip
 
@@ -61,6 +62,8 @@ def resumed_overrides(run: RunDir, recipe: Recipe, given: Mapping[str, Any]) -> 
     for section in ("options", "train", "model"):
         stored = saved.get(section, {})
         values.update({f"{section}.{k}": v for k, v in stored.items() if k in keys[section]})
+    for section, renamed in stored_aliases(recipe, saved).items():  # older option names
+        values.update({f"{section}.{k}": v for k, v in renamed.items()})
     changed = []
     for key, value in given.items():
         section, _, name = key.rpartition(".")
@@ -142,7 +145,8 @@ def train_recipe(
     if resume:  # before the record is touched: a refused resume changes nothing
         trainer.resume()
     if ctx.is_main:
-        run.write_record(prepared.record(), session={"command": command, "resume": resume})
+        session = {"command": command, "resume": resume, **trainer.setup_info()}
+        run.write_record(prepared.record(), session=session)
     return prepared, trainer.fit(resume=resume)
 
 
