@@ -1,0 +1,214 @@
+"""The explorer's local web server: one page, three static files and a JSON API.
+
+Standard library only (:class:`http.server.ThreadingHTTPServer`): one thread per connection, the
+model behind the explorer's lock (one forward pass at a time). The model is fixed when the
+server is made; nothing a request says can name another model or a file.
+
+Routes:
+
+- ``GET /``: the page; ``GET /static/NAME``: one of the files of ``static/`` (an allow-list of
+  the names present at start-up: any other path, ``..`` and encoded variants included, is 404);
+- ``GET /api/info``: sizes, capabilities and bounds;
+- ``POST /api/analyze`` ``{"text" | "ids"}``: tokens, attention, rollout, cost, predictions;
+- ``POST /api/neuron`` ``{"ids", "layer", "head", "query", "key"}``;
+- ``POST /api/next`` ``{"ids" | "text", "temperature", "top_k", "top_p", "min_p", "n"}``;
+- ``POST /api/step``: as ``next`` plus ``"sample"`` (bool) and ``"seed"``: appends one token;
+- ``POST /api/lens`` ``{"ids" | "text", "position", "top"}``.
+
+Errors are JSON ``{"error": message}``: 400 for bad input (malformed JSON, a bad value, too many
+tokens), 404, 405, 411 (no ``Content-Length``), 413 (a body over the bound), 500 for a failure of
+the model (logged; the server keeps serving).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from attnlab.explore.data import Explorer, check_int
+from attnlab.explore.lm import Sampling, lens_view, next_token, step
+
+STATIC = Path(__file__).resolve().parent / "static"
+TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+         ".css": "text/css; charset=utf-8", ".png": "image/png"}  # fmt: skip
+log = logging.getLogger("attnlab.explore")
+
+
+class RequestError(Exception):
+    """A request the server refuses with ``status`` and ``message``."""
+
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _ids(explorer: Explorer, body: dict[str, Any]) -> list[int]:
+    return explorer.encode(body.get("text"), body.get("ids"))
+
+
+def _neuron(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
+    where: list[Any] = [body.get(k) for k in ("layer", "head", "query", "key")]  # checked there
+    return explorer.neuron(_ids(explorer, body), *where)
+
+
+def _next(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
+    return next_token(
+        explorer, _ids(explorer, body), Sampling.from_request(body), body.get("n", 20)
+    )
+
+
+def _step(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
+    sample, seed = body.get("sample", False), body.get("seed", 0)
+    if not isinstance(sample, bool):
+        raise ValueError(f"sample must be true or false, got {sample!r}")
+    check_int("seed", seed, 0, 2**63)
+    ids, sampling = _ids(explorer, body), Sampling.from_request(body)
+    return step(explorer, ids, sampling, sample=sample, seed=seed, n=body.get("n", 20))
+
+
+def _lens(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
+    if explorer.family != "gpt":
+        raise ValueError(f"the logit lens view is for language models, not {explorer.family}")
+    ids = _ids(explorer, body)
+    position = check_int("position", body.get("position", len(ids) - 1), -len(ids), len(ids))
+    return lens_view(explorer, ids, position=position, top=body.get("top", 5))
+
+
+ROUTES: dict[str, Callable[[Explorer, dict[str, Any]], dict[str, Any]]] = {
+    "/api/analyze": lambda e, b: e.analyze(b.get("text"), b.get("ids")),
+    "/api/neuron": _neuron,
+    "/api/next": _next,
+    "/api/step": _step,
+    "/api/lens": _lens,
+}
+
+
+class ExploreHandler(BaseHTTPRequestHandler):
+    """Serves one :class:`Explorer` (set on the server as ``server.explorer``)."""
+
+    server_version = "attnlab-explore"
+    timeout = 15  # seconds a connection may stall mid-request
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+    @property
+    def explorer(self) -> Explorer:
+        return self.server.explorer  # type: ignore[attr-defined]
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, status: int, data: Any) -> None:
+        body = json.dumps(data, allow_nan=False, separators=(",", ":")).encode()
+        self._send(status, body, "application/json")
+
+    def _error(self, status: HTTPStatus, message: str) -> None:
+        self._json(status, {"error": message, "status": int(status)})
+
+    def _path(self) -> str:
+        return unquote(urlsplit(self.path).path)
+
+    def do_GET(self) -> None:
+        path = self._path()
+        if path in ("/", "/index.html"):
+            path = "/static/index.html"
+        if path == "/api/info":
+            self._json(200, self.explorer.info())
+            return
+        allowed = self.server.static_files  # type: ignore[attr-defined]
+        name = path.removeprefix("/static/") if path.startswith("/static/") else None
+        if name is None or name not in allowed:
+            self._error(HTTPStatus.NOT_FOUND, f"no such page or file: {self.path[:200]}")
+            return
+        file = allowed[name]
+        self._send(200, file.read_bytes(), TYPES.get(file.suffix, "application/octet-stream"))
+
+    do_HEAD = do_GET  # noqa: N815
+
+    def _body(self) -> dict[str, Any]:
+        length = self.headers.get("Content-Length")
+        if length is None:
+            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "a POST needs a Content-Length")
+        try:
+            n = int(length)
+        except ValueError:
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"bad Content-Length {length!r}") from None
+        limit = self.explorer.limits.max_body_bytes
+        if n < 0:
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"bad Content-Length {length!r}")
+        if n > limit:
+            self.close_connection = True  # the body is not read
+            raise RequestError(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                f"the request body has {n} bytes; at most {limit} are accepted",
+            )
+        raw = self.rfile.read(n)
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise RequestError(
+                HTTPStatus.BAD_REQUEST,
+                f"the body must be a JSON object, got {type(data).__name__}",
+            )
+        return data
+
+    def do_POST(self) -> None:
+        route = ROUTES.get(self._path())
+        try:
+            if route is None:
+                self.close_connection = True
+                raise RequestError(HTTPStatus.NOT_FOUND, f"no such API: {self.path[:200]}")
+            result = route(self.explorer, self._body())
+        except RequestError as e:
+            self._error(e.status, str(e))
+            return
+        except (ValueError, TypeError, KeyError) as e:
+            self._error(HTTPStatus.BAD_REQUEST, str(e).strip("'\""))
+            return
+        except Exception as e:  # the model failed: say so, keep serving
+            log.exception("explore request %s failed", self.path)
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}")
+            return
+        self._json(200, result)
+
+    def _not_allowed(self) -> None:
+        self.close_connection = True
+        self._error(HTTPStatus.METHOD_NOT_ALLOWED, f"method {self.command} is not allowed")
+
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed  # noqa: N815
+
+
+def make_server(
+    explorer: Explorer, host: str = "127.0.0.1", port: int = 8765
+) -> ThreadingHTTPServer:
+    """A server for ``explorer`` bound to ``host:port`` (port 0: any free port); call
+    ``serve_forever()`` on it (``server.server_address`` has the port).
+
+    Raises:
+        OSError: when the address cannot be bound.
+    """
+    server = ThreadingHTTPServer((host, port), ExploreHandler)
+    server.daemon_threads = True
+    server.explorer = explorer  # type: ignore[attr-defined]
+    server.static_files = {p.name: p for p in STATIC.iterdir() if p.is_file()}  # type: ignore[attr-defined]
+    return server
+
+
+__all__ = ["ROUTES", "STATIC", "ExploreHandler", "make_server"]

