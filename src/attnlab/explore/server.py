@@ -127,10 +127,13 @@ class ExploreHandler(BaseHTTPRequestHandler):
         path = self._path()
         if path in ("/", "/index.html"):
             path = "/static/index.html"
+        if path == "/favicon.ico":  # browsers ask; there is none
+            self._send(HTTPStatus.NO_CONTENT, b"", "image/x-icon")
+            return
         if path == "/api/info":
             self._json(200, self.explorer.info())
             return
-        allowed = self.server.static_files  # type: ignore[attr-defined]
+        allowed: dict[str, Path] = self.server.static_files  # type: ignore[attr-defined]
         name = path.removeprefix("/static/") if path.startswith("/static/") else None
         if name is None or name not in allowed:
             self._error(HTTPStatus.NOT_FOUND, f"no such page or file: {self.path[:200]}")
@@ -158,6 +161,11 @@ class ExploreHandler(BaseHTTPRequestHandler):
                 f"the request body has {n} bytes; at most {limit} are accepted",
             )
         raw = self.rfile.read(n)
+        if len(raw) < n:
+            self.close_connection = True
+            raise RequestError(
+                HTTPStatus.BAD_REQUEST, f"the body ended after {len(raw)} of {n} bytes"
+            )
         try:
             data = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -179,8 +187,11 @@ class ExploreHandler(BaseHTTPRequestHandler):
         except RequestError as e:
             self._error(e.status, str(e))
             return
-        except (ValueError, TypeError, KeyError) as e:
-            self._error(HTTPStatus.BAD_REQUEST, str(e).strip("'\""))
+        except (ValueError, TypeError) as e:
+            self._error(HTTPStatus.BAD_REQUEST, str(e))
+            return
+        except KeyError as e:  # a token the tokenizer does not know, ...
+            self._error(HTTPStatus.BAD_REQUEST, f"unknown key {e.args[0] if e.args else e!r}")
             return
         except Exception as e:  # the model failed: say so, keep serving
             log.exception("explore request %s failed", self.path)
@@ -195,20 +206,30 @@ class ExploreHandler(BaseHTTPRequestHandler):
     do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed  # noqa: N815
 
 
-def make_server(
-    explorer: Explorer, host: str = "127.0.0.1", port: int = 8765
-) -> ThreadingHTTPServer:
+class ExploreServer(ThreadingHTTPServer):
+    """The threading server of one explorer; a connection that fails (a client gone
+    mid-answer) is logged, not printed."""
+
+    daemon_threads = True
+    request_queue_size = 64  # a burst of connections waits in the backlog, none is refused
+    explorer: Explorer
+    static_files: dict[str, Path]
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("connection from %s failed", client_address, exc_info=True)
+
+
+def make_server(explorer: Explorer, host: str = "127.0.0.1", port: int = 8765) -> ExploreServer:
     """A server for ``explorer`` bound to ``host:port`` (port 0: any free port); call
     ``serve_forever()`` on it (``server.server_address`` has the port).
 
     Raises:
         OSError: when the address cannot be bound.
     """
-    server = ThreadingHTTPServer((host, port), ExploreHandler)
-    server.daemon_threads = True
-    server.explorer = explorer  # type: ignore[attr-defined]
-    server.static_files = {p.name: p for p in STATIC.iterdir() if p.is_file()}  # type: ignore[attr-defined]
+    server = ExploreServer((host, port), ExploreHandler)
+    server.explorer = explorer
+    server.static_files = {p.name: p for p in STATIC.iterdir() if p.is_file()}
     return server
 
 
-__all__ = ["ROUTES", "STATIC", "ExploreHandler", "make_server"]
+__all__ = ["ROUTES", "STATIC", "ExploreHandler", "ExploreServer", "make_server"]
