@@ -211,9 +211,13 @@ class Explorer:
         if not out:
             raise ValueError("the input has no tokens")
         if len(out) > self.max_tokens:
+            why = (
+                f"max_tokens={self.max_tokens}"
+                if self.max_tokens == self.limits.max_tokens
+                else f"the model's context, max_seq_len={self.max_tokens}"
+            )
             raise ValueError(
-                f"the input has {len(out)} tokens; at most {self.max_tokens} are allowed "
-                f"(max_tokens={self.max_tokens})"
+                f"the input has {len(out)} tokens; at most {self.max_tokens} are allowed ({why})"
             )
         return out
 
