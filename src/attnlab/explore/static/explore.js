@@ -213,19 +213,25 @@
       (N.masked ? "   masked (score −∞)" : `   score ${fmt(N.score, 4)} (bias/mask ${fmt(N.bias, 4)})`) +
       `   softmax → ${fmt(N.weight, 4)}`));
     const dims = el("div", { class: "dims" }), t = el("table", { id: "neuron-dims" });
-    const maxAbs = Math.max(1e-12, ...N.products.map(Math.abs));
-    for (const [name, values] of [["q", N.q], ["k", N.k], ["q·k", N.products]]) {
-      const tr = el("tr", {}); tr.appendChild(el("th", {}, name));
-      values.forEach((v, d) => {
-        const td = el("td", { class: "num", title: `dimension ${d}` }, fmt(v, 2));
-        if (name === "q·k") {
-          const a = Math.abs(v) / maxAbs;
-          td.style.background = v >= 0 ? `rgba(36,86,201,${a.toFixed(3)})` : `rgba(180,35,24,${a.toFixed(3)})`;
-          td.dataset.product = String(v);
+    const maxAbs = Math.max(1e-12, ...N.products.map(Math.abs)), WRAP = 16;
+    for (let start = 0; start < N.d_head; start += WRAP) {  // 16 dimensions per block of rows
+      const idx = el("tr", { class: "dim-index" }); idx.appendChild(el("th", {}, "dim"));
+      for (let d = start; d < Math.min(start + WRAP, N.d_head); d++) idx.appendChild(el("td", { class: "num hint" }, String(d)));
+      t.appendChild(idx);
+      for (const [name, values] of [["q", N.q], ["k", N.k], ["q·k", N.products]]) {
+        const tr = el("tr", {}); tr.appendChild(el("th", {}, name));
+        for (let d = start; d < Math.min(start + WRAP, N.d_head); d++) {
+          const v = values[d];
+          const td = el("td", { class: "num", title: `dimension ${d}` }, fmt(v, 2));
+          if (name === "q·k") {
+            const a = Math.abs(v) / maxAbs;
+            td.style.background = v >= 0 ? `rgba(36,86,201,${a.toFixed(3)})` : `rgba(180,35,24,${a.toFixed(3)})`;
+            td.dataset.product = String(v);
+          }
+          tr.appendChild(td);
         }
-        tr.appendChild(td);
-      });
-      t.appendChild(tr);
+        t.appendChild(tr);
+      }
     }
     dims.appendChild(t); box.appendChild(dims);
     const sm = el("table", { id: "neuron-softmax" });
@@ -315,19 +321,20 @@
     const n = cost.flops.seq_len, c = cost.crossover;
     box.appendChild(el("p", {}, `${big(cost.params.total)} parameters; one forward pass over ${n} tokens: ${big(cost.flops.forward)} FLOPs (matmuls), attention products ${(100 * cost.attention_share).toFixed(1)}% of them.`));
     box.appendChild(el("p", {}, `Attention (n²·d) overtakes the projections (n·d²) at n = ${c.block.toFixed(0)} in one block, ${c.layer.toFixed(0)} in one layer (with the FFN), ${c.model.toFixed(0)} for the whole model; this input (n = ${n}) is ${cost.past.layer ? "past" : "below"} the layer crossover.`));
-    const t = el("table", { id: "cost-table" });
-    const head = el("tr", {}); for (const h of ["component", "parameters", `FLOPs at n = ${n}`, "share"]) head.appendChild(el("th", {}, h));
-    t.appendChild(head);
-    const groups = new Set([...Object.keys(cost.params.grouped), ...Object.keys(cost.flops.grouped)]);
-    for (const g of groups) {
-      const tr = el("tr", { "data-group": g });
-      tr.appendChild(el("td", {}, g));
-      tr.appendChild(el("td", { class: "num" }, cost.params.grouped[g] === undefined ? "" : big(cost.params.grouped[g])));
-      tr.appendChild(el("td", { class: "num" }, cost.flops.grouped[g] === undefined ? "" : big(cost.flops.grouped[g])));
-      tr.appendChild(el("td", { class: "num" }, cost.flops.shares[g] === undefined ? "" : `${(100 * cost.flops.shares[g]).toFixed(1)}%`));
-      t.appendChild(tr);
-    }
-    box.appendChild(t);
+    const table = (id, title, rows) => {
+      const t = el("table", { id });
+      const head = el("tr", {}); for (const h of title) head.appendChild(el("th", {}, h));
+      t.appendChild(head);
+      for (const r of rows) {
+        const tr = el("tr", { "data-group": r[0] });
+        r.forEach((c, i) => tr.appendChild(el("td", i ? { class: "num" } : {}, c)));
+        t.appendChild(tr);
+      }
+      box.appendChild(t);
+    };
+    table("cost-params", ["component", "parameters"], Object.entries(cost.params.grouped).map(([g, v]) => [g, big(v)]));
+    table("cost-flops", ["matmuls", `FLOPs at n = ${n}`, "share"], Object.entries(cost.flops.grouped).map(
+      ([g, v]) => [g, big(v), `${(100 * cost.flops.shares[g]).toFixed(1)}%`]));
   }
 
   // -- whole analysis ---------------------------------------------------------------------------
