@@ -1,4 +1,4 @@
-"""``attnlab explore``: the static export, serving (in-process), and bad flags (exit 2, one line)."""
+"""``attnlab explore``: the static export, serving (in-process), bad flags (exit 2, one line)."""
 
 from __future__ import annotations
 
