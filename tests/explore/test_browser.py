@@ -17,6 +17,7 @@ import torch
 
 from attnlab.explore import Explorer, explore_html, make_server
 from attnlab.inspect import run_with_cache
+from attnlab.viz import mask_data, positional_data
 
 from .conftest import TEXT, minilm_path
 
@@ -148,6 +149,20 @@ def test_live_page_for_a_tiny_gpt(context: Any, gpt_explorer: Explorer) -> None:
         page.wait_for_function(f"window.__explore.ids.length === {len(ids) + 1}")
         v = wait(page, v)
         assert page.evaluate("window.__explore.ids")[-1] == int(logits.argmax())
+        page.select_option("#pos-kind", "alibi")
+        page.wait_for_function("window.__explore.positional.kind === 'alibi'")
+        page.select_option("#pos-head", "2")
+        page.wait_for_function("window.__explore.positional.head === 2")
+        v = wait(page, v)
+        bias = positional_data("alibi", max_len=64, n_heads=4)["bias"][2]
+        assert page.evaluate("window.__explore.positional.matrix") == bias.float().tolist()
+        page.select_option("#mask-kind", "sliding_window")
+        page.fill("#mask-window", "3")
+        page.dispatch_event("#mask-window", "change")
+        page.wait_for_function("window.__explore.masks.kind === 'sliding_window'")
+        v = wait(page, v)
+        want = mask_data(["sliding_window"], seq_len=12, window=3)["sliding_window"]
+        assert page.evaluate("window.__explore.masks.matrix") == want.int().tolist()
         assert_not_blank(page.screenshot(full_page=True))
         page.fill("#text", "a" * 60)  # over max_tokens: the page shows the server's message
         page.click("#run")
@@ -184,6 +199,7 @@ def test_static_export(context: Any, gpt_explorer: Explorer, tmp_path: Path) -> 
         v = wait(page, v)
         assert page.evaluate("window.__explore.neuron.masked") is True
         assert page.is_hidden("#next-panel") and page.is_visible("#lens-panel")
+        assert page.is_hidden("#position-panel")  # needs the server
         assert_not_blank(page.screenshot(full_page=True))
         assert urls == [file.as_uri()], urls  # self-contained
     finally:

@@ -260,3 +260,41 @@ def test_real_minilm_attention_is_inspects() -> None:
     assert e.info()["n_heads"] == 12 and not e.info()["masked_lm"] and "fill_mask" not in a
     with pytest.raises(ValueError, match="at most 128 are allowed"):  # no silent truncation
         e.encode("word " * 200)
+
+
+@pytest.mark.parametrize("kind", ["sinusoidal", "learned", "rope", "alibi"])
+def test_positional_panel_is_viz_data(kind: str, gpt_explorer: Explorer) -> None:
+    from attnlab.explore.panels import SHOWN, positional_view
+    from attnlab.viz import positional_data
+
+    view = positional_view(kind, d_model=16, length=20, n_heads=4, model=gpt_explorer.model)
+    data = positional_data(kind, d_model=16, max_len=20, n_heads=4, model=gpt_explorer.model)
+    square, side = SHOWN[kind]
+    assert torch.equal(unpack(view["matrix"]), data[square].float())
+    if side is not None:
+        assert torch.equal(unpack(view["table"]), data[side].float())
+    shape = (4, 20, 20) if kind == "alibi" else (20, 20)
+    assert unpack(view["matrix"]).shape == shape
+
+
+def test_mask_panel_is_viz_data_and_bounds(llama_explorer: Explorer) -> None:
+    from attnlab.explore.panels import mask_view, positional_view
+    from attnlab.viz import mask_data
+
+    got = mask_view({"seq_len": 10, "window": 3})
+    want = mask_data(["causal", "padding", "sliding_window", "combined", "cached"],
+                     seq_len=10, window=3)  # fmt: skip
+    assert {k: torch.tensor(v, dtype=torch.bool) for k, v in got.items()}.keys() == want.keys()
+    assert all(torch.equal(torch.tensor(got[k]).bool(), want[k]) for k in want)
+    with pytest.raises(ValueError, match="unknown mask kind"):
+        mask_view({"kinds": ["diagonal"]})
+    with pytest.raises(ValueError, match=r"seq_len must be an integer in \[1, 257\)"):
+        mask_view({"seq_len": 10_000})
+    with pytest.raises(ValueError, match="unknown positional kind 'xpos'"):
+        positional_view("xpos")
+    with pytest.raises(ValueError, match="d_model must be even"):
+        positional_view("rope", d_model=15)
+    with pytest.raises(ValueError, match=r"length must be an integer in \[1, 257\)"):
+        positional_view("sinusoidal", length=5000)
+    with pytest.raises(ValueError, match="no learned position table"):
+        positional_view("learned", model=llama_explorer.model)  # RoPE positions

@@ -16,6 +16,7 @@ import pytest
 
 from attnlab.explore import Explorer, make_server
 from attnlab.explore.lm import Sampling, lens_view, next_token, step
+from attnlab.explore.panels import positional_view
 
 from .conftest import TEXT
 
@@ -85,6 +86,11 @@ def test_api_answers_equal_the_data_layer(server: tuple[str, int], gpt_explorer:
     assert st == json.loads(json.dumps(step(e, ids, Sampling(0.6, 5), sample=True, seed=3, n=8)))
     status, lens = post(server, "/api/lens", {"text": TEXT, "position": 4, "top": 2})
     assert status == 200 and lens == lens_view(e, ids, position=4, top=2)
+    status, pos = post(server, "/api/positional", {"kind": "alibi", "length": 9})
+    want = positional_view("alibi", d_model=32, length=9, n_heads=4, model=e.model)
+    assert status == 200 and pos == want
+    status, masks = post(server, "/api/masks", {"kinds": ["causal"], "seq_len": 3})
+    assert status == 200 and masks == {"causal": [[1, 0, 0], [1, 1, 0], [1, 1, 1]]}
 
 
 @pytest.mark.parametrize(
@@ -105,6 +111,8 @@ def test_api_answers_equal_the_data_layer(server: tuple[str, int], gpt_explorer:
         ("/api/next", {"text": "abc", "n": 10**6}, 400, "n must be an integer in [1, 101)"),
         ("/api/step", {"text": "abc", "sample": "yes"}, 400, "sample must be true or false"),
         ("/api/lens", {"text": "abc", "position": 7}, 400, "position must be an integer"),
+        ("/api/positional", {"kind": "xpos"}, 400, "unknown positional kind 'xpos'"),
+        ("/api/masks", {"seq_len": 0}, 400, "seq_len must be an integer in [1, 257)"),
         ("/api/nothing", {}, 404, "no such API"),
     ],
 )  # fmt: skip

@@ -169,6 +169,7 @@ class Explorer:
             "masked_lm": self.family == "bert" and getattr(self.model, "mlm", None) is not None,
             "mask_token": self._mask_token(),
             "default_text": self.default_text,
+            "pos_encoding": c.pos_encoding,
         }
 
     def _mask_token(self) -> str | None:

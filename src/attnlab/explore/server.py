@@ -13,7 +13,9 @@ Routes:
 - ``POST /api/neuron`` ``{"ids", "layer", "head", "query", "key"}``;
 - ``POST /api/next`` ``{"ids" | "text", "temperature", "top_k", "top_p", "min_p", "n"}``;
 - ``POST /api/step``: as ``next`` plus ``"sample"`` (bool) and ``"seed"``: appends one token;
-- ``POST /api/lens`` ``{"ids" | "text", "position", "top"}``.
+- ``POST /api/lens`` ``{"ids" | "text", "position", "top"}``;
+- ``POST /api/positional`` ``{"kind", "d_model", "length", "n_heads"}``; ``POST /api/masks``
+  ``{"kinds", "seq_len", "window", "length", "query_len"}`` (:mod:`attnlab.explore.panels`).
 
 Errors are JSON ``{"error": message}``: 400 for bad input (malformed JSON, a bad value, too many
 tokens), 404, 405, 411 (no ``Content-Length``), 413 (a body over the bound), 500 for a failure of
@@ -33,6 +35,7 @@ from urllib.parse import unquote, urlsplit
 
 from attnlab.explore.data import Explorer, check_int
 from attnlab.explore.lm import Sampling, lens_view, next_token, step
+from attnlab.explore.panels import mask_view, positional_view
 
 STATIC = Path(__file__).resolve().parent / "static"
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -80,12 +83,22 @@ def _lens(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
     return lens_view(explorer, ids, position=position, top=body.get("top", 5))
 
 
+def _positional(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
+    c = explorer.config
+    return positional_view(
+        body.get("kind"), d_model=body.get("d_model", c.d_model), length=body.get("length", 64),
+        n_heads=body.get("n_heads", c.n_heads), model=explorer.model,
+    )  # fmt: skip
+
+
 ROUTES: dict[str, Callable[[Explorer, dict[str, Any]], dict[str, Any]]] = {
     "/api/analyze": lambda e, b: e.analyze(b.get("text"), b.get("ids")),
     "/api/neuron": _neuron,
     "/api/next": _next,
     "/api/step": _step,
     "/api/lens": _lens,
+    "/api/positional": _positional,
+    "/api/masks": lambda e, b: mask_view(b),
 }
 
 

@@ -12,7 +12,7 @@
     busy: 0, version: 0, error: null,
     info: null, ids: [], tokens: [], attention: null, rollout: null, qk: null,
     layer: 0, head: 0, query: 0, key: 0, rolloutLayer: 0, lensPosition: -1,
-    head_weights: null, neuron: null, next: null, lens: null, cost: null, fill_mask: null,
+    head_weights: null, neuron: null, positional: null, masks: null, next: null, lens: null, cost: null, fill_mask: null,
   });
 
   // -- helpers -------------------------------------------------------------------------------
@@ -337,6 +337,54 @@
       ([g, v]) => [g, big(v), `${(100 * cost.flops.shares[g]).toFixed(1)}%`]));
   }
 
+  // -- positional encodings and masks ----------------------------------------------------------
+  function nested(p, offset) {  // the (rows, cols) matrix at a flat offset of a packed array
+    const [r, c] = p.shape.slice(-2), out = [];
+    for (let i = 0; i < r; i++) out.push(Array.from(p.data.subarray(offset + i * c, offset + (i + 1) * c)));
+    return out;
+  }
+  function drawScaled(canvas, M) {
+    let lo = Infinity, hi = -Infinity;
+    for (const row of M) for (const v of row) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+    const span = hi - lo || 1, R = M.length, C = M[0].length;
+    canvas.width = Math.max(64, Math.min(256, 4 * C)); canvas.height = Math.max(64, Math.min(256, 4 * R));
+    const ctx = canvas.getContext("2d"), img = ctx.createImageData(C, R);
+    for (let i = 0; i < R; i++) for (let j = 0; j < C; j++) {
+      const [r, g, b] = heat((M[i][j] - lo) / span), o = 4 * (i * C + j);
+      img.data[o] = r; img.data[o + 1] = g; img.data[o + 2] = b; img.data[o + 3] = 255;
+    }
+    const off = document.createElement("canvas"); off.width = C; off.height = R;
+    off.getContext("2d").putImageData(img, 0, 0);
+    ctx.imageSmoothingEnabled = false; ctx.drawImage(off, 0, 0, canvas.width, canvas.height);
+  }
+  async function drawPositional() {
+    const body = { kind: $("pos-kind").value, d_model: parseInt($("pos-d").value, 10), length: parseInt($("pos-len").value, 10), n_heads: S.info.n_heads };
+    const v = await api("/api/positional", body);
+    const m = unpack(v.matrix), alibi = m.shape.length === 3;
+    $("pos-head").disabled = !alibi;
+    const h = alibi ? Math.min(parseInt($("pos-head").value || "0", 10), m.shape[0] - 1) : 0;
+    const L = m.shape[m.shape.length - 1];
+    S.positional = { kind: v.kind, names: v.names, head: h, matrix: nested(m, h * L * L), table: v.table ? nested(unpack(v.table), 0) : null };
+    $("pos-matrix").dataset.kind = v.kind;
+    drawScaled($("pos-matrix"), S.positional.matrix);
+    $("pos-table").hidden = !S.positional.table;
+    if (S.positional.table) drawScaled($("pos-table"), S.positional.table);
+  }
+  async function drawMasks() {
+    const kind = $("mask-kind").value;
+    const r = await api("/api/masks", { kinds: [kind], seq_len: parseInt($("mask-len").value, 10), window: parseInt($("mask-window").value, 10) });
+    S.masks = { kind, matrix: r[kind] };
+    $("mask-canvas").dataset.kind = kind;
+    drawScaled($("mask-canvas"), r[kind]);
+  }
+  function setupPanels(info) {
+    fillSelect($("pos-head"), info.n_heads, (i) => String(i), 0);
+    $("pos-d").value = String(info.d_model);
+    if (["sinusoidal", "learned", "rope", "alibi"].includes(info.pos_encoding)) $("pos-kind").value = info.pos_encoding;
+    for (const id of ["pos-kind", "pos-d", "pos-len", "pos-head"]) $(id).addEventListener("change", () => guard(drawPositional));
+    for (const id of ["mask-kind", "mask-len", "mask-window"]) $(id).addEventListener("change", () => guard(drawMasks));
+  }
+
   // -- whole analysis ---------------------------------------------------------------------------
   function render(a) {
     S.ids = a.ids; S.tokens = a.tokens;
@@ -384,11 +432,13 @@
     $("lens-panel").hidden = !info.language_model;
     $("mask-panel").hidden = !info.masked_lm;
     $("text").readOnly = S.mode === "static" || !info.text_input;
+    $("position-panel").hidden = S.mode === "static";
     if (S.mode === "static") {
       $("run").hidden = true; $("static-note").hidden = false;
       $("lens-position").disabled = true;
       return;
     }
+    setupPanels(info);
     $("run").addEventListener("click", () => guard(() => analyze({ text: $("text").value })));
     let timer = null;
     const later = () => { clearTimeout(timer); S.busy++; timer = setTimeout(() => { S.busy--; guard(refreshNext); }, 60); };
@@ -417,5 +467,7 @@
     $("text").value = info.default_text || "";
     if (info.text_input && $("text").value) await analyze({ text: $("text").value });
     else if (!info.text_input) await analyze({ ids: [0, 1, 2, 3] });
+    await drawPositional();
+    await drawMasks();
   });
 })();
