@@ -64,7 +64,7 @@ def test_serving_a_model_directory(
         (["explore", "gpt-char-baby", "--html", "x.html"], "--html needs --text"),
         (["explore", "gpt3-175b", "--no-browser"], "random weights are built only up to"),
         (["explore", "no/such/dir", "--no-browser"], "does not exist"),
-        (["explore", "vit-digits", "--no-browser"], "the explorer shows GPT and BERT models"),
+        (["explore", "vit-digits", "--no-browser"], "the explorer shows GPT, BERT and encoder-decoder"),
         (["explore", "gpt-char-baby", "--text", "a" * 300, "--html", "{tmp}/x.html"],
          "at most 64 are allowed (the model's context, max_seq_len=64)"),
     ],

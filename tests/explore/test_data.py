@@ -220,7 +220,7 @@ def test_bounds_and_bad_input(gpt_explorer: Explorer) -> None:
         next_token(e, ids, Sampling(), n=500)
     with pytest.raises(ValueError, match="max_tokens must be a positive integer"):
         Limits(max_tokens=0)
-    with pytest.raises(TypeError, match="GPT and BERT models, got ViT"):
+    with pytest.raises(TypeError, match="GPT, BERT and encoder-decoder models, got ViT"):
         Explorer(build_model("vit-digits"))
 
 
@@ -235,7 +235,7 @@ def test_static_page_embeds_the_analysis(gpt_explorer: Explorer, llama_explorer:
     blob = html[html.index(">", start) + 1 : html.index("</script>", start)]
     data = json.loads(blob)
     assert data["analysis"] == json.loads(json.dumps(gpt_explorer.analyze(TEXT)))
-    assert unpack(data["qk"]["q"]).shape == (2, 4, len(gpt_explorer.encode(TEXT)), 8)
+    assert unpack(data["qk"]["self"]["q"]).shape == (2, 4, len(gpt_explorer.encode(TEXT)), 8)
     assert "/static/" not in html  # the style sheet and the script are inlined
     assert not re.findall(r"(?:src|href)\s*=", html)  # nothing is loaded from anywhere
     hostile = explore_html(llama_explorer, "a</script><b>")  # bytes: tokens < / > ...

@@ -14,8 +14,9 @@ from typing import Any
 from attnlab.analysis import crossover, forward_flops, param_breakdown
 
 
-def cost_panel(config: Any, seq_len: int) -> dict[str, Any]:
-    """Parameters, FLOPs at ``seq_len`` tokens and the crossover lengths of ``config``.
+def cost_panel(config: Any, seq_len: int, src_len: int | None = None) -> dict[str, Any]:
+    """Parameters, FLOPs at ``seq_len`` tokens (an encoder-decoder: ``seq_len`` target and
+    ``src_len`` source tokens) and the crossover lengths of ``config``.
 
     Returns:
         ``{"params": {"total", "grouped", "components"}, "flops": {"seq_len", "forward",
@@ -27,7 +28,7 @@ def cost_panel(config: Any, seq_len: int) -> dict[str, Any]:
         ValueError: for a non-positive ``seq_len`` or a config without closed forms.
     """
     params = param_breakdown(config)
-    flops = forward_flops(config, seq_len)
+    flops = forward_flops(config, seq_len, src_len=src_len)
     cross = crossover(config)
     lengths = {"block": cross.block, "layer": cross.layer, "model": cross.model}
     shares = flops.shares()
@@ -40,6 +41,7 @@ def cost_panel(config: Any, seq_len: int) -> dict[str, Any]:
         },
         "flops": {
             "seq_len": seq_len,
+            "src_len": src_len,
             "forward": flops.forward,
             "grouped": flops.grouped(),
             "shares": shares,

@@ -36,10 +36,17 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.inspect import run_with_cache
-from attnlab.models import BERT, GPT
+from attnlab.models import BERT, GPT, EncoderDecoderTransformer
 from attnlab.viz.capture import attention_rollout
 
-FAMILIES = {GPT: "gpt", BERT: "bert"}
+FAMILIES = {GPT: "gpt", BERT: "bert", EncoderDecoderTransformer: "seq2seq"}
+# attention stack -> (hook-name prefix of layer l, which token sequences are queries / keys)
+STACKS = {
+    "self": ("layers.{l}.attn", "source", "source"),
+    "encoder": ("encoder.layers.{l}.attn", "source", "source"),
+    "decoder": ("decoder.layers.{l}.attn", "target", "target"),
+    "cross": ("decoder.layers.{l}.cross_attn", "target", "source"),
+}
 
 
 @dataclass(frozen=True)
@@ -126,8 +133,8 @@ class Explorer:
         family = next((f for cls, f in FAMILIES.items() if isinstance(model, cls)), None)
         if family is None:
             raise TypeError(
-                f"the explorer shows GPT and BERT models, got {type(model).__name__} "
-                "(encoder-decoder and ViT views are not built yet)"
+                f"the explorer shows GPT, BERT and encoder-decoder models, got "
+                f"{type(model).__name__} (ViT views are not built yet)"
             )
         self.model = model.train(False)
         self.family = family
@@ -165,7 +172,10 @@ class Explorer:
             "max_body_bytes": self.limits.max_body_bytes,
             "max_top": self.limits.max_top,
             "text_input": self.tokenizer is not None,
-            "language_model": self.family == "gpt",
+            "language_model": self.family in ("gpt", "seq2seq"),
+            "seq2seq": self.family == "seq2seq",
+            "n_decoder_layers": self.n_layers("decoder") if self.family == "seq2seq" else None,
+            "stacks": list(self.stacks()),
             "masked_lm": self.family == "bert" and getattr(self.model, "mlm", None) is not None,
             "mask_token": self._mask_token(),
             "default_text": self.default_text,
@@ -242,10 +252,31 @@ class Explorer:
 
     # -- views -------------------------------------------------------------------------------
 
-    def _run(self, ids: list[int], names: Any) -> tuple[Any, Any]:
-        x = torch.tensor([ids])  # (1, T)
+    def stacks(self) -> tuple[str, ...]:
+        """The attention stacks of the model: ``("self",)`` or encoder, decoder, cross."""
+        return ("encoder", "decoder", "cross") if self.family == "seq2seq" else ("self",)
+
+    def n_layers(self, stack: str = "self") -> int:
+        """Layers of one stack."""
+        c = self.config
+        return int(c.num_decoder_layers if stack in ("decoder", "cross") else c.n_layers)
+
+    def inputs(self, ids: list[int], target: list[int] | None = None) -> tuple[Tensor, ...]:
+        """The forward's inputs: ``(ids,)``, or ``(src, tgt)`` (target default BOS alone).
+
+        Shapes:
+            each ``(1, T)``.
+        """
+        if self.family != "seq2seq":
+            if target is not None:
+                raise ValueError("a target is for encoder-decoder models")
+            return (torch.tensor([ids]),)
+        tgt = [int(self.config.bos_id)] if target is None else target
+        return torch.tensor([ids]), torch.tensor([tgt])
+
+    def _run(self, ids: list[int], names: Any, target: list[int] | None = None) -> tuple[Any, Any]:
         with torch.no_grad():
-            return run_with_cache(self.model, x, names=names)
+            return run_with_cache(self.model, *self.inputs(ids, target), names=names)
 
     def attention(self, ids: list[int]) -> Tensor:
         """Every layer's weights from the ``layers.L.attn.weights`` hook points.
@@ -258,9 +289,14 @@ class Explorer:
         L = self.config.n_layers
         return torch.stack([cache[f"layers.{i}.attn.weights"][0] for i in range(L)]).float()
 
-    def analyze(self, text: str | None = None, ids: Sequence[int] | None = None) -> dict[str, Any]:
+    def analyze(
+        self, text: str | None = None, ids: Sequence[int] | None = None,
+        target: list[int] | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
         """Tokens, attention ``(L, H, T, T)``, rollout ``(L, T, T)`` (row ``l``: through layers
-        ``0..l``), the cost panel and the family's prediction views, for one input.
+        ``0..l``), the cost panel and the family's prediction views, for one input (an
+        encoder-decoder's source, ``target`` its decoder input:
+        :func:`attnlab.explore.seq2seq.analyze_seq2seq`).
 
         Raises:
             ValueError, TypeError: as :meth:`encode`.
@@ -268,6 +304,12 @@ class Explorer:
         from attnlab.explore.cost import cost_panel
         from attnlab.explore.lm import fill_mask, lens_view, next_token_view
 
+        if self.family == "seq2seq":
+            from attnlab.explore.seq2seq import analyze_seq2seq
+
+            return analyze_seq2seq(self, self.encode(text, ids), target)
+        if target is not None:
+            raise ValueError("a target is for encoder-decoder models")
         seq = self.encode(text, ids)
         has_logits = self.family == "gpt" or getattr(self.model, "mlm", None) is not None
         with self.lock:
@@ -291,7 +333,10 @@ class Explorer:
                 out["fill_mask"] = fill_mask(self, seq, logits)
         return out
 
-    def neuron(self, ids: list[int], layer: int, head: int, query: int, key: int) -> dict[str, Any]:
+    def neuron(
+        self, ids: list[int], layer: int, head: int, query: int, key: int, *,
+        stack: str = "self", target: list[int] | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
         """Eq. (1) for one (layer, head, query, key): ``q_i k_i`` per dimension, their sum, the
         scale ``1/sqrt(d_k)``, the model's score (the difference to ``sum·scale`` is the
         positional bias, e.g. ALiBi, or a mask: ``None`` when masked) and the softmax row.
@@ -300,13 +345,18 @@ class Explorer:
             ValueError: for indices out of range (naming the index and its range).
         """
         c = self.config
-        check_int("layer", layer, 0, c.n_layers)
+        if stack not in self.stacks():
+            raise ValueError(f"unknown stack {stack!r}; this model has {', '.join(self.stacks())}")
+        prefix, queries, keys = STACKS[stack]
+        tgt = self.inputs(ids, target)[-1][0].tolist()
+        length = {"source": len(ids), "target": len(tgt)}
+        check_int("layer", layer, 0, self.n_layers(stack))
         check_int("head", head, 0, c.n_heads)
-        check_int("query", query, 0, len(ids))
-        check_int("key", key, 0, len(ids))
-        names = [f"layers.{layer}.attn.{p}" for p in ("q", "k", "scores", "weights")]
+        check_int("query", query, 0, length[queries])
+        check_int("key", key, 0, length[keys])
+        names = [f"{prefix.format(l=layer)}.{p}" for p in ("q", "k", "scores", "weights")]
         with self.lock:
-            _, cache = self._run(ids, names)
+            _, cache = self._run(ids, names, target)
         q, k, scores, weights = (cache[n][0] for n in names)
         n_rep = c.n_heads // (c.n_kv_heads or c.n_heads)
         qv = q[head, query].float()  # (D,)
@@ -318,6 +368,7 @@ class Explorer:
         finite = math.isfinite(score) and score > torch.finfo(torch.float32).min / 2
         row = scores[head, query].float()
         return {
+            "stack": stack,
             "layer": layer, "head": head, "query": query, "key": key, "d_head": int(qv.shape[0]),
             "q": qv.tolist(), "k": kv.tolist(), "products": products.tolist(),
             "dot": dot, "scale": scale, "scaled": dot * scale,
@@ -332,22 +383,25 @@ class Explorer:
             "weight": float(weights[head, query, key]),
         }  # fmt: skip
 
-    def qk(self, ids: list[int]) -> dict[str, Any]:
-        """Every layer's queries and keys (for the static page's neuron view) and scores.
+    def qk(self, ids: list[int], target: list[int] | None = None) -> dict[str, Any]:
+        """Every layer's queries, keys and scores per stack (the static page's neuron view).
 
         Returns:
-            ``{"q": packed (L, H, T, D), "k": packed (L, H_kv, T, D), "scores": packed
-            (L, H, T, T) with masked entries at float32's minimum}``.
+            ``{stack: {"q": packed (L, H, T, D), "k": packed (L, H_kv, S, D), "scores": packed
+            (L, H, T, S) with masked entries at float32's minimum}}``.
         """
-        L = self.config.n_layers
+        parts = ("q", "k", "scores")
+        names = [STACKS[s][0].replace("{l}", "*") + f".{p}" for s in self.stacks() for p in parts]
         with self.lock:
-            _, cache = self._run(
-                ids, ["layers.*.attn.q", "layers.*.attn.k", "layers.*.attn.scores"]
-            )
-        out = {}
-        for part in ("q", "k", "scores"):
-            t = torch.stack([cache[f"layers.{i}.attn.{part}"][0] for i in range(L)]).float()
-            out[part] = pack(t.clamp_min(torch.finfo(torch.float32).min))
+            _, cache = self._run(ids, names, target)
+        out: dict[str, Any] = {}
+        for stack in self.stacks():
+            prefix = STACKS[stack][0]
+            out[stack] = {}
+            for part in parts:
+                layers = range(self.n_layers(stack))
+                t = torch.stack([cache[f"{prefix.format(l=i)}.{part}"][0] for i in layers])
+                out[stack][part] = pack(t.float().clamp_min(torch.finfo(torch.float32).min))
         return out
 
 

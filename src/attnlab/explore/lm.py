@@ -112,51 +112,64 @@ def next_token_view(
     }  # fmt: skip
 
 
-def last_logits(explorer: Explorer, ids: list[int]) -> Tensor:
-    """The model's raw next-token logits after ``ids``, shape ``(V,)``."""
+def last_logits(explorer: Explorer, ids: list[int], target: list[int] | None = None) -> Tensor:
+    """The model's raw next-token logits after ``ids`` (an encoder-decoder: after the decoder
+    input ``target`` for the source ``ids``), shape ``(V,)``."""
     with explorer.lock, torch.no_grad():
-        logits, _ = explorer.model(torch.tensor([ids]))  # (1, T, V)
+        logits, _ = explorer.model(*explorer.inputs(ids, target))  # (1, T, V)
     return logits[0, -1].float()
 
 
+def _check_lm(explorer: Explorer, what: str) -> None:
+    if explorer.family not in ("gpt", "seq2seq"):
+        raise ValueError(f"{what} needs a language model, not {explorer.family}")
+
+
 def next_token(
-    explorer: Explorer, ids: list[int], sampling: Sampling, n: int = 20
-) -> dict[str, Any]:
-    """:func:`next_token_view` of the model's logits after ``ids`` (a language model)."""
-    if explorer.family != "gpt":
-        raise ValueError(f"the next-token view needs a language model, not {explorer.family}")
-    return next_token_view(explorer, last_logits(explorer, ids), sampling, n)
+    explorer: Explorer, ids: list[int], sampling: Sampling, n: int = 20,
+    target: list[int] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """:func:`next_token_view` of the model's logits after ``ids`` (a language model; an
+    encoder-decoder's after ``target`` for the source ``ids``)."""
+    _check_lm(explorer, "the next-token view")
+    return next_token_view(explorer, last_logits(explorer, ids, target), sampling, n)
 
 
 def step(
     explorer: Explorer, ids: list[int], sampling: Sampling, *, sample: bool, seed: int = 0,
-    n: int = 20,
+    n: int = 20, target: list[int] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Append one token to ``ids``: the arg-max, or a draw seeded with ``seed``, of the
-    distribution :func:`next_token` shows.
+    """Append one token to ``ids`` (an encoder-decoder: to the decoder input ``target``): the
+    arg-max, or a draw seeded with ``seed``, of the distribution :func:`next_token` shows.
 
     Raises:
         ValueError: for a model that is no language model or an input already at the bound.
     """
-    if len(ids) + 1 > explorer.max_tokens:
+    _check_lm(explorer, "a generation step")
+    seq2seq = explorer.family == "seq2seq"
+    grown = list(explorer.inputs(ids, target)[-1][0].tolist())
+    if len(grown) + 1 > explorer.max_tokens:
         raise ValueError(
-            f"the input has {len(ids)} tokens; one more would pass max_tokens={explorer.max_tokens}"
+            f"the input has {len(grown)} tokens; one more would pass max_tokens="
+            f"{explorer.max_tokens}"
         )
-    if explorer.family != "gpt":
-        raise ValueError(f"a generation step needs a language model, not {explorer.family}")
-    logits = last_logits(explorer, ids)
+    logits = last_logits(explorer, ids, target)
     view = next_token_view(explorer, logits, sampling, n)
     p = sampling.probs(logits)  # (V,)
     generator = torch.Generator().manual_seed(int(seed))
     token = int(select_tokens(p.log()[None], sample=sample, generator=generator)[0])
-    new = [*ids, token]
-    text = explorer.tokenizer.decode(new) if explorer.tokenizer is not None else None
-    return {"ids": new, "tokens": explorer.tokens(new), "text": text, "chosen": token, "next": view}
+    new = [*grown, token]
+    decoded = new[1:] if seq2seq else new  # a decoder input starts with BOS
+    tok = explorer.tokenizer
+    text = tok.decode(decoded, skip_special_tokens=seq2seq) if tok is not None else None
+    key = "target_ids" if seq2seq else "ids"
+    return {key: new, "tokens": explorer.tokens(new), "text": text, "chosen": token, "next": view}
 
 
 def lens_view(
-    explorer: Explorer, ids: Sequence[int], *, position: int = -1, top: int = 5
-) -> dict[str, Any]:
+    explorer: Explorer, ids: Sequence[int], *, position: int = -1, top: int = 5,
+    target: list[int] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """The logit lens (:func:`attnlab.inspect.logit_lens`) at one position: per row (embed,
     layer 0, ...) the ``top`` tokens and the probability of the model's final choice.
 
@@ -165,7 +178,8 @@ def lens_view(
     """
     top = _top_n(explorer, top)
     with explorer.lock:
-        lens = logit_lens(explorer.model, torch.tensor([list(ids)]), positions=position)
+        inputs = explorer.inputs(list(ids), target)  # an encoder-decoder: its decoder is read
+        lens = logit_lens(explorer.model, *inputs, positions=position)
     probs = lens.probs()[:, 0, 0]  # (L + 1, V)
     final = int(probs[-1].argmax())
     rows = []

@@ -35,19 +35,27 @@ def embedded_json(data: Any) -> str:
 
 
 def explore_html(
-    explorer: Explorer, text: str | None = None, *, ids: Sequence[int] | None = None
-) -> str:
-    """The static explorer page for one input (exactly one of ``text`` and ``ids``).
+    explorer: Explorer, text: str | None = None, *, ids: Sequence[int] | None = None,
+    target: str | None = None,
+) -> str:  # fmt: skip
+    """The static explorer page for one input (exactly one of ``text`` and ``ids``; for an
+    encoder-decoder they are the source and ``target`` the decoder input after BOS).
 
     Raises:
         ValueError, TypeError: as :meth:`~attnlab.explore.data.Explorer.encode`.
     """
+    from attnlab.explore.seq2seq import encode_target
+
     seq = explorer.encode(text, None if ids is None else list(ids))
+    if target is not None and explorer.family != "seq2seq":
+        raise ValueError("target is for encoder-decoder models")
+    tgt = encode_target(explorer, target) if explorer.family == "seq2seq" else None
     data = {
         "info": explorer.info(),
         "text": text if text is not None else "",
-        "analysis": explorer.analyze(ids=seq),
-        "qk": explorer.qk(seq),
+        "target": target or "",
+        "analysis": explorer.analyze(ids=seq, target=tgt),
+        "qk": explorer.qk(seq, tgt),
     }
     page, css, js = _static("index.html"), _static("explore.css"), _static("explore.js")
     if "</script" in js.lower() or "</style" in css.lower():  # would end the inlined element

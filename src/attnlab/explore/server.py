@@ -14,6 +14,9 @@ Routes:
 - ``POST /api/next`` ``{"ids" | "text", "temperature", "top_k", "top_p", "min_p", "n"}``;
 - ``POST /api/step``: as ``next`` plus ``"sample"`` (bool) and ``"seed"``: appends one token;
 - ``POST /api/lens`` ``{"ids" | "text", "position", "top"}``;
+- ``POST /api/translate`` ``{"ids" | "text", "num_beams", "max_new_tokens"}``: greedy vs beam;
+- every input of an encoder-decoder is its source, with ``"target"`` (text after BOS) or
+  ``"target_ids"`` the decoder input and ``"stack"`` (encoder, decoder, cross) in ``neuron``;
 - ``POST /api/positional`` ``{"kind", "d_model", "length", "n_heads"}``; ``POST /api/masks``
   ``{"kinds", "seq_len", "window", "length", "query_len"}`` (:mod:`attnlab.explore.panels`).
 
@@ -36,6 +39,7 @@ from urllib.parse import unquote, urlsplit
 from attnlab.explore.data import Explorer, check_int
 from attnlab.explore.lm import Sampling, lens_view, next_token, step
 from attnlab.explore.panels import mask_view, positional_view
+from attnlab.explore.seq2seq import encode_target, translate
 
 STATIC = Path(__file__).resolve().parent / "static"
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -55,15 +59,34 @@ def _ids(explorer: Explorer, body: dict[str, Any]) -> list[int]:
     return explorer.encode(body.get("text"), body.get("ids"))
 
 
+def _target(explorer: Explorer, body: dict[str, Any]) -> list[int] | None:
+    """An encoder-decoder's decoder input (``"target"`` text or ``"target_ids"``)."""
+    text, ids = body.get("target"), body.get("target_ids")
+    if explorer.family != "seq2seq":
+        if text is not None or ids is not None:
+            raise ValueError("'target' and 'target_ids' are for encoder-decoder models")
+        return None
+    return encode_target(explorer, text, ids)
+
+
+def _analyze(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
+    return explorer.analyze(body.get("text"), body.get("ids"), target=_target(explorer, body))
+
+
 def _neuron(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
     where: list[Any] = [body.get(k) for k in ("layer", "head", "query", "key")]  # checked there
-    return explorer.neuron(_ids(explorer, body), *where)
+    stack = body.get("stack", explorer.stacks()[0])
+    ids, target = _ids(explorer, body), _target(explorer, body)
+    return explorer.neuron(ids, *where, stack=stack, target=target)
 
 
 def _next(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
-    return next_token(
-        explorer, _ids(explorer, body), Sampling.from_request(body), body.get("n", 20)
+    ids, target, sampling = (
+        _ids(explorer, body),
+        _target(explorer, body),
+        Sampling.from_request(body),
     )
+    return next_token(explorer, ids, sampling, body.get("n", 20), target=target)
 
 
 def _step(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
@@ -71,16 +94,32 @@ def _step(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(sample, bool):
         raise ValueError(f"sample must be true or false, got {sample!r}")
     check_int("seed", seed, 0, 2**63)
-    ids, sampling = _ids(explorer, body), Sampling.from_request(body)
-    return step(explorer, ids, sampling, sample=sample, seed=seed, n=body.get("n", 20))
+    ids, target, sampling = (
+        _ids(explorer, body),
+        _target(explorer, body),
+        Sampling.from_request(body),
+    )
+    return step(
+        explorer, ids, sampling, sample=sample, seed=seed, n=body.get("n", 20), target=target
+    )
 
 
 def _lens(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
-    if explorer.family != "gpt":
+    if explorer.family not in ("gpt", "seq2seq"):
         raise ValueError(f"the logit lens view is for language models, not {explorer.family}")
-    ids = _ids(explorer, body)
-    position = check_int("position", body.get("position", len(ids) - 1), -len(ids), len(ids))
-    return lens_view(explorer, ids, position=position, top=body.get("top", 5))
+    ids, target = _ids(explorer, body), _target(explorer, body)
+    n = len(explorer.inputs(ids, target)[-1][0])  # positions of the (decoder) input
+    position = check_int("position", body.get("position", n - 1), -n, n)
+    return lens_view(explorer, ids, position=position, top=body.get("top", 5), target=target)
+
+
+def _translate(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
+    if explorer.family != "seq2seq":
+        raise ValueError(f"translation is for encoder-decoder models, not {explorer.family}")
+    return translate(
+        explorer, _ids(explorer, body), num_beams=body.get("num_beams", 4),
+        max_new_tokens=body.get("max_new_tokens", 32),
+    )  # fmt: skip
 
 
 def _positional(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
@@ -92,13 +131,14 @@ def _positional(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
 
 
 ROUTES: dict[str, Callable[[Explorer, dict[str, Any]], dict[str, Any]]] = {
-    "/api/analyze": lambda e, b: e.analyze(b.get("text"), b.get("ids")),
+    "/api/analyze": _analyze,
     "/api/neuron": _neuron,
     "/api/next": _next,
     "/api/step": _step,
     "/api/lens": _lens,
     "/api/positional": _positional,
     "/api/masks": lambda e, b: mask_view(b),
+    "/api/translate": _translate,
 }
 
 
@@ -144,7 +184,13 @@ class ExploreHandler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.NO_CONTENT, b"", "image/x-icon")
             return
         if path == "/api/info":
-            self._json(200, self.explorer.info())
+            try:
+                info = self.explorer.info()
+            except Exception as e:  # never a dropped connection: say what failed
+                log.exception("explore /api/info failed")
+                self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}")
+                return
+            self._json(200, info)
             return
         allowed: dict[str, Path] = self.server.static_files  # type: ignore[attr-defined]
         name = path.removeprefix("/static/") if path.startswith("/static/") else None

@@ -11,7 +11,7 @@
     mode: embedded ? "static" : "server",
     busy: 0, version: 0, error: null,
     info: null, ids: [], tokens: [], attention: null, rollout: null, qk: null,
-    layer: 0, head: 0, query: 0, key: 0, rolloutLayer: 0, lensPosition: -1,
+    layer: 0, head: 0, query: 0, key: 0, stack: null, stacks: [], seqs: {}, target_ids: null, translation: null, rolloutLayer: 0, lensPosition: -1,
     head_weights: null, neuron: null, positional: null, masks: null, next: null, lens: null, cost: null, fill_mask: null,
   });
 
@@ -91,29 +91,34 @@
 
   // -- weights --------------------------------------------------------------------------------
   function T() { return S.tokens.length; }
+  function cur() { return S.stacks.find((x) => x.name === S.stack) || S.stacks[0]; }
+  function qTok() { return S.seqs[cur().queries]; }
+  function kTok() { return S.seqs[cur().keys]; }
   function att(l, h, i, j) {
-    const [, H, n] = S.attention.shape;
-    return S.attention.data[((l * H + h) * n + i) * n + j];
+    const A = cur().attention, [, H, n, m] = A.shape;
+    return A.data[((l * H + h) * n + i) * m + j];
   }
   function headMatrix(l, h) {
-    const n = T(), out = [];
-    for (let i = 0; i < n; i++) { const row = []; for (let j = 0; j < n; j++) row.push(att(l, h, i, j)); out.push(row); }
+    const n = qTok().length, m = kTok().length, out = [];
+    for (let i = 0; i < n; i++) { const row = []; for (let j = 0; j < m; j++) row.push(att(l, h, i, j)); out.push(row); }
     return out;
   }
+  function targetBody() { return S.info.seq2seq ? { target_ids: S.target_ids } : {}; }
 
   // -- head view ------------------------------------------------------------------------------
   function drawHead() {
-    const svg = $("head-view"), n = T(), rowH = 18, width = 420;
+    const svg = $("head-view"), n = qTok().length, m = kTok().length, rowH = 18, width = 420;
     const W = headMatrix(S.layer, S.head);
     S.head_weights = W;
     svg.replaceChildren();
     svg.setAttribute("width", String(width));
-    svg.setAttribute("height", String(rowH * n + 10));
+    svg.setAttribute("height", String(rowH * Math.max(n, m) + 10));
+    svg.dataset.stack = cur().name;
     svg.dataset.layer = String(S.layer);
     svg.dataset.head = String(S.head);
     const xl = 130, xr = width - 130;
     const g = document.createElementNS(SVG, "g");
-    for (let i = 0; i < n; i++) for (let j = 0; j < n; j++) {
+    for (let i = 0; i < n; i++) for (let j = 0; j < m; j++) {
       const w = W[i][j];
       if (!(w >= 0.005)) continue;
       const ln = document.createElementNS(SVG, "line");
@@ -130,7 +135,7 @@
       t.setAttribute("x", side === "q" ? xl : xr);
       t.setAttribute("y", rowH * i + 18);
       t.setAttribute("text-anchor", side === "q" ? "end" : "start");
-      t.textContent = shown(S.tokens[i].text);
+      t.textContent = shown((side === "q" ? qTok() : kTok())[i].text);
       t.dataset.side = side; t.dataset.index = String(i);
       if ((side === "q" && i === S.query) || (side === "k" && i === S.key)) t.setAttribute("class", "sel");
       t.addEventListener("mouseenter", () => focusLines(side, i));
@@ -142,7 +147,8 @@
       });
       svg.appendChild(t);
     };
-    for (let i = 0; i < n; i++) { label(i, "q"); label(i, "k"); }
+    for (let i = 0; i < n; i++) label(i, "q");
+    for (let j = 0; j < m; j++) label(j, "k");
   }
   function focusLines(side, index) {
     for (const ln of $("head-view").querySelectorAll("line")) {
@@ -153,7 +159,8 @@
 
   // -- model view -----------------------------------------------------------------------------
   function drawModel() {
-    const box = $("model-view"), { n_layers: L, n_heads: H } = S.info;
+    const box = $("model-view"), L = cur().attention.shape[0], H = S.info.n_heads;
+    const n = qTok().length, m = kTok().length, side = Math.max(n, m);
     box.replaceChildren();
     box.style.gridTemplateColumns = `auto repeat(${H}, 58px)`;
     box.appendChild(el("span", { class: "label" }, ""));
@@ -163,7 +170,7 @@
       for (let h = 0; h < H; h++) {
         const c = el("canvas", { width: "56", height: "56", "data-layer": String(l), "data-head": String(h), title: `layer ${l} head ${h}` });
         if (l === S.layer && h === S.head) c.classList.add("sel");
-        drawMatrix(c, (i, j) => att(l, h, i, j), T());
+        drawMatrix(c, (i, j) => (i < n && j < m ? att(l, h, i, j) : 0), side);
         c.addEventListener("click", () => selectHead(l, h));
         box.appendChild(c);
       }
@@ -180,33 +187,33 @@
 
   // -- neuron view ----------------------------------------------------------------------------
   function neuronFromEmbedded(l, h, i, j) {  // static mode: the same arithmetic as Explorer.neuron
-    const q = S.qk.q, k = S.qk.k, sc = S.qk.scores;
-    const [, H, n, D] = q.shape, Hkv = k.shape[1], rep = H / Hkv;
+    const E = S.qk[cur().name], q = E.q, k = E.k, sc = E.scores;
+    const [, H, n, D] = q.shape, Hkv = k.shape[1], rep = H / Hkv, nk = k.shape[2];
     const qv = [], kv = [], products = [];
     for (let d = 0; d < D; d++) {
-      const a = q.data[((l * H + h) * n + i) * D + d], b = k.data[((l * Hkv + Math.floor(h / rep)) * n + j) * D + d];
+      const a = q.data[((l * H + h) * n + i) * D + d], b = k.data[((l * Hkv + Math.floor(h / rep)) * nk + j) * D + d];
       qv.push(a); kv.push(b); products.push(Math.fround(a * b));
     }
     const dot = products.reduce((s, x) => s + x, 0), scale = 1 / Math.sqrt(D);
     const minF = -3.4028234663852886e38;
-    const srow = []; for (let m = 0; m < n; m++) { const s = sc.data[((l * H + h) * n + i) * n + m]; srow.push(s > minF / 2 ? s : null); }
+    const srow = []; for (let m = 0; m < nk; m++) { const s = sc.data[((l * H + h) * n + i) * nk + m]; srow.push(s > minF / 2 ? s : null); }
     const score = srow[j];
-    const wrow = []; for (let m = 0; m < n; m++) wrow.push(att(l, h, i, m));
-    return { layer: l, head: h, query: i, key: j, d_head: D, q: qv, k: kv, products, dot, scale,
+    const wrow = []; for (let m = 0; m < nk; m++) wrow.push(att(l, h, i, m));
+    return { stack: cur().name, layer: l, head: h, query: i, key: j, d_head: D, q: qv, k: kv, products, dot, scale,
       scaled: dot * scale, score, bias: score === null ? null : score - dot * scale, masked: score === null,
       scores_row: srow, weights_row: wrow, weight: att(l, h, i, j) };
   }
   async function drawNeuron() {
     const l = S.layer, h = S.head, i = S.query, j = S.key;
     const N = S.mode === "static" ? neuronFromEmbedded(l, h, i, j)
-      : await api("/api/neuron", { ids: S.ids, layer: l, head: h, query: i, key: j });
+      : await api("/api/neuron", { ids: S.ids, ...targetBody(), stack: cur().name, layer: l, head: h, query: i, key: j });
     S.neuron = N;
     const box = $("neuron");
     box.replaceChildren();
     for (const [k, v] of Object.entries({ layer: l, head: h, query: i, key: j, dot: N.dot, scale: N.scale, score: N.score, weight: N.weight })) {
       box.dataset[k] = String(v);
     }
-    const q = shown(S.tokens[i].text), k = shown(S.tokens[j].text);
+    const q = shown(qTok()[i].text), k = shown(kTok()[j].text);
     box.appendChild(el("div", { class: "eq" }, `query “${q}” (${i}) · key “${k}” (${j}), layer ${l} head ${h}, d_k = ${N.d_head}`));
     box.appendChild(el("div", { class: "eq" },
       `Σ q_i k_i = ${fmt(N.dot, 4)}   × 1/√${N.d_head} = ${fmt(N.scale, 4)}   → ${fmt(N.scaled, 4)}` +
@@ -237,7 +244,7 @@
     const sm = el("table", { id: "neuron-softmax" });
     N.weights_row.forEach((w, m) => {
       const tr = el("tr", { "data-key": String(m), "data-weight": String(w) });
-      tr.appendChild(el("td", {}, shown(S.tokens[m].text)));
+      tr.appendChild(el("td", {}, shown(kTok()[m].text)));
       tr.appendChild(el("td", { class: "num" }, N.scores_row[m] === null ? "masked" : fmt(N.scores_row[m], 3)));
       const bar = el("td", {}); const b = el("span", { class: "bar" }); b.style.width = `${(200 * w).toFixed(1)}px`;
       bar.appendChild(b); tr.appendChild(bar);
@@ -386,16 +393,29 @@
   }
 
   // -- whole analysis ---------------------------------------------------------------------------
+  function setStack(name) {  // the stack's layers, queries and keys in the selectors
+    S.stack = name;
+    const L = cur().attention.shape[0];
+    S.layer = Math.min(S.layer, L - 1);
+    fillSelect($("layer"), L, (i) => String(i), S.layer);
+    const q = qTok(), k = kTok();
+    S.query = Math.min(S.query, q.length - 1); S.key = Math.min(S.key, k.length - 1);
+    fillSelect($("query"), q.length, (i) => `${i}: ${shown(q[i].text)}`, S.query);
+    fillSelect($("key"), k.length, (i) => `${i}: ${shown(k[i].text)}`, S.key);
+  }
   function render(a) {
     S.ids = a.ids; S.tokens = a.tokens;
-    S.attention = unpack(a.attention); S.rollout = unpack(a.rollout);
+    S.target_ids = a.target_ids || null;
+    S.seqs = { source: a.tokens, target: a.target_tokens || a.tokens };
+    S.stacks = (a.stacks || [{ name: "self", queries: "source", keys: "source", attention: a.attention }])
+      .map((x) => ({ ...x, attention: unpack(x.attention) }));
+    S.rollout = unpack(a.rollout);
     const n = T(), info = S.info;
-    S.query = Math.min(S.query, n - 1); S.key = Math.min(S.key, n - 1);
-    fillSelect($("query"), n, (i) => `${i}: ${shown(S.tokens[i].text)}`, S.query);
-    fillSelect($("key"), n, (i) => `${i}: ${shown(S.tokens[i].text)}`, S.key);
+    setStack(S.stack || S.stacks[0].name);
+    const lensTokens = S.seqs.target;
     S.rolloutLayer = info.n_layers - 1;
     fillSelect($("rollout-layer"), info.n_layers, (i) => String(i), S.rolloutLayer);
-    fillSelect($("lens-position"), n, (i) => `${i}: ${shown(S.tokens[i].text)}`, n - 1);
+    fillSelect($("lens-position"), lensTokens.length, (i) => `${i}: ${shown(lensTokens[i].text)}`, lensTokens.length - 1);
     $("token-count").textContent = `${n} tokens (at most ${info.max_tokens})`;
     drawHead(); drawModel(); drawRollout(); drawCost(a.cost);
     if (a.next) drawNext(a.next);
@@ -408,13 +428,18 @@
     await drawNeuron();
   }
   async function refreshNext() {
-    drawNext(await api("/api/next", { ids: S.ids, ...sampling(), n: 20 }));
+    drawNext(await api("/api/next", { ids: S.ids, ...targetBody(), ...sampling(), n: 20 }));
   }
   let stepSeed = 0;
   async function stepOnce(sample) {
-    const r = await api("/api/step", { ids: S.ids, ...sampling(), sample, seed: stepSeed++, n: 20 });
-    $("text").value = r.text === null ? $("text").value : r.text;
-    await analyze({ ids: r.ids });
+    const r = await api("/api/step", { ids: S.ids, ...targetBody(), ...sampling(), sample, seed: stepSeed++, n: 20 });
+    if (S.info.seq2seq) {
+      if (r.text !== null) $("target").value = r.text;
+      await analyze({ ids: S.ids, target_ids: r.target_ids });
+    } else {
+      $("text").value = r.text === null ? $("text").value : r.text;
+      await analyze({ ids: r.ids });
+    }
     await refreshNext();
   }
 
@@ -422,6 +447,11 @@
     S.info = info;
     $("model-info").textContent = `${info.name}: ${info.model_type}, ${info.n_layers} layers × ${info.n_heads} heads, d_model ${info.d_model}`;
     fillSelect($("layer"), info.n_layers, (i) => String(i), 0);
+    $("stack-label").hidden = !info.seq2seq; $("target-row").hidden = !info.seq2seq;
+    $("translate-panel").hidden = !info.seq2seq || S.mode === "static";
+    const stacks = $("stack"); stacks.replaceChildren();
+    for (const name of info.stacks) stacks.appendChild(el("option", { value: name }, name));
+    stacks.addEventListener("change", () => { setStack(stacks.value); guard(async () => { drawHead(); drawModel(); await drawNeuron(); }); });
     fillSelect($("head"), info.n_heads, (i) => String(i), 0);
     $("layer").addEventListener("change", () => selectHead(parseInt($("layer").value, 10), S.head));
     $("head").addEventListener("change", () => selectHead(S.layer, parseInt($("head").value, 10)));
@@ -439,7 +469,17 @@
       return;
     }
     setupPanels(info);
-    $("run").addEventListener("click", () => guard(() => analyze({ text: $("text").value })));
+    $("run").addEventListener("click", () => guard(() => analyze(info.seq2seq ? { text: $("text").value, target: $("target").value } : { text: $("text").value })));
+    $("translate-run").addEventListener("click", () => guard(async () => {
+      const r = await api("/api/translate", { ids: S.ids, num_beams: parseInt($("beams").value, 10) });
+      S.translation = r;
+      const box = $("translate-view"); box.replaceChildren();
+      for (const name of ["greedy", "beam"]) {
+        const x = r[name], p = el("p", { "data-kind": name }, `${name === "beam" ? `beam (${r.num_beams})` : "greedy"}: `);
+        p.appendChild(el("span", { class: "tok" }, x.text !== null ? x.text : x.ids.join(" ")));
+        box.appendChild(p);
+      }
+    }));
     let timer = null;
     const later = () => { clearTimeout(timer); S.busy++; timer = setTimeout(() => { S.busy--; guard(refreshNext); }, 60); };
     $("temperature").addEventListener("input", () => { $("temperature-value").textContent = fmt($("temperature").value, 2); later(); });
@@ -447,7 +487,7 @@
     $("step-greedy").addEventListener("click", () => guard(() => stepOnce(false)));
     $("step-sample").addEventListener("click", () => guard(() => stepOnce(true)));
     $("lens-position").addEventListener("change", () => guard(async () => {
-      drawLens(await api("/api/lens", { ids: S.ids, position: parseInt($("lens-position").value, 10) }));
+      drawLens(await api("/api/lens", { ids: S.ids, ...targetBody(), position: parseInt($("lens-position").value, 10) }));
     }));
   }
 
@@ -456,7 +496,9 @@
     if (S.mode === "static") {
       const d = JSON.parse(embedded.textContent);
       setup(d.info);
-      S.qk = { q: unpack(d.qk.q), k: unpack(d.qk.k), scores: unpack(d.qk.scores) };
+      S.qk = {};
+      for (const [name, x] of Object.entries(d.qk)) S.qk[name] = { q: unpack(x.q), k: unpack(x.k), scores: unpack(x.scores) };
+      $("target").value = d.target || "";
       $("text").value = d.text || "";
       render(d.analysis);
       await drawNeuron();
@@ -465,7 +507,7 @@
     const info = await api("/api/info");
     setup(info);
     $("text").value = info.default_text || "";
-    if (info.text_input && $("text").value) await analyze({ text: $("text").value });
+    if (info.text_input && $("text").value) await analyze(info.seq2seq ? { text: $("text").value, target: "" } : { text: $("text").value });
     else if (!info.text_input) await analyze({ ids: [0, 1, 2, 3] });
     await drawPositional();
     await drawMasks();
