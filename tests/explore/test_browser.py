@@ -88,7 +88,10 @@ def check_neuron(page: Any, explorer: Explorer, ids: list[int]) -> None:
     got = page.evaluate("window.__explore.neuron")
     s = page.evaluate("[window.__explore.layer, window.__explore.head, window.__explore.query, "
                       "window.__explore.key]")  # fmt: skip
-    want = explorer.neuron(ids, *s)
+    extra: dict[str, Any] = {}
+    if explorer.family == "seq2seq":
+        extra = {"stack": got["stack"], "target": page.evaluate("window.__explore.target_ids")}
+    want = explorer.neuron(ids, *s, **extra)
     assert (got["layer"], got["head"], got["query"], got["key"]) == tuple(s)
     assert got["products"] == pytest.approx(want["products"], abs=1e-7)
     assert got["dot"] == pytest.approx(want["dot"], abs=1e-5)
@@ -242,3 +245,86 @@ def test_live_page_for_the_real_minilm(context: Any) -> None:
         page.close()
         srv.shutdown()
         srv.server_close()
+
+
+def test_live_page_for_a_tiny_encoder_decoder(context: Any, seq2seq_explorer: Explorer) -> None:
+    from attnlab.explore.seq2seq import encode_target
+    from attnlab.generation import generate
+
+    e = seq2seq_explorer
+    srv, url = serve(e)
+    page = context.new_page()
+    try:
+        page.goto(url)
+        v = wait(page)
+        assert page.is_visible("#stack") and page.is_visible("#target")
+        page.fill("#text", "the cat sat.")
+        page.fill("#target", "le chat")
+        page.click("#run")
+        v = wait(page, v)
+        src, tgt = e.encode("the cat sat."), encode_target(e, "le chat")
+        assert page.evaluate("window.__explore.target_ids") == tgt
+        page.select_option("#stack", "cross")
+        page.select_option("#layer", "2")
+        page.select_option("#head", "1")
+        v = wait(page, v)
+        assert page.locator("#head-view").get_attribute("data-stack") == "cross"
+        with torch.no_grad():
+            (logits, _), cache = run_with_cache(
+                e.model, torch.tensor([src]), torch.tensor([tgt]), names="decoder.layers.2.*"
+            )
+        drawn = page.evaluate("window.__explore.head_weights")  # (T target, S source)
+        assert drawn == cache["decoder.layers.2.cross_attn.weights"][0, 1].tolist()
+        assert len(drawn) == len(tgt) and len(drawn[0]) == len(src)
+        page.select_option("#query", "5")
+        page.select_option("#key", "10")
+        v = wait(page, v)
+        check_neuron(page, e, src)
+        page.click("#translate-run")
+        page.wait_for_function(
+            "window.__explore.translation !== null && window.__explore.busy === 0"
+        )
+        greedy = generate(e.model, [src], max_new_tokens=32)[0].tolist()
+        assert page.evaluate("window.__explore.translation.greedy.ids") == greedy
+        v = int(page.evaluate("window.__explore.version"))
+        page.click("#step-greedy")
+        page.wait_for_function(f"window.__explore.target_ids.length === {len(tgt) + 1}")
+        v = wait(page, v)
+        assert page.evaluate("window.__explore.target_ids")[-1] == int(logits[0, -1].argmax())
+        assert_not_blank(page.screenshot(full_page=True))
+    finally:
+        page.close()
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_static_export_of_an_encoder_decoder(
+    context: Any, seq2seq_explorer: Explorer, tmp_path: Path
+) -> None:
+    from attnlab.explore.seq2seq import encode_target
+
+    e = seq2seq_explorer
+    file = tmp_path / "seq2seq.html"
+    file.write_text(explore_html(e, "the cat sat.", target="le chat"), encoding="utf-8")
+    page = context.new_page()
+    try:
+        page.goto(file.as_uri())
+        v = wait(page)
+        src, tgt = e.encode("the cat sat."), encode_target(e, "le chat")
+        page.select_option("#stack", "cross")
+        page.select_option("#layer", "1")
+        page.select_option("#head", "3")
+        v = wait(page, v)
+        with torch.no_grad():
+            _, cache = run_with_cache(e.model, torch.tensor([src]), torch.tensor([tgt]),
+                                      names="decoder.layers.1.cross_attn.weights")  # fmt: skip
+        assert page.evaluate("window.__explore.head_weights") == (
+            cache["decoder.layers.1.cross_attn.weights"][0, 3].tolist()
+        )
+        page.select_option("#query", "7")
+        page.select_option("#key", "2")
+        v = wait(page, v)
+        check_neuron(page, e, src)  # computed in the page from the embedded q and k
+        assert page.is_hidden("#translate-panel")
+    finally:
+        page.close()

@@ -23,12 +23,17 @@ def _exit_code(argv: list[str]) -> int:
         return int(e.code or 0)
 
 
-def test_html_export(gpt_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_html_export(
+    gpt_dir: Path, seq2seq_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "page.html"
     assert _exit_code(["explore", str(gpt_dir), "--text", TEXT, "--html", str(out)]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
     html = out.read_text(encoding="utf-8")
     assert 'id="explore-data"' in html and "window.__explore" in html
+    argv = ["explore", str(seq2seq_dir), "--text", TEXT, "--target", "le", "--html", str(out)]
+    assert _exit_code(argv) == 0
+    assert '"target":"le"' in out.read_text(encoding="utf-8")
 
 
 def test_serving_a_model_directory(
@@ -64,7 +69,9 @@ def test_serving_a_model_directory(
         (["explore", "gpt-char-baby", "--html", "x.html"], "--html needs --text"),
         (["explore", "gpt3-175b", "--no-browser"], "random weights are built only up to"),
         (["explore", "no/such/dir", "--no-browser"], "does not exist"),
-        (["explore", "vit-digits", "--no-browser"], "the explorer shows GPT, BERT and encoder-decoder"),
+        (["explore", "vit-digits", "--no-browser"], "shows GPT, BERT and encoder-decoder"),
+        (["explore", "gpt-char-baby", "--text", "ab", "--target", "c", "--html", "{tmp}/x.html"],
+         "target is for encoder-decoder models"),
         (["explore", "gpt-char-baby", "--text", "a" * 300, "--html", "{tmp}/x.html"],
          "at most 64 are allowed (the model's context, max_seq_len=64)"),
     ],

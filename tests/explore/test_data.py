@@ -298,3 +298,54 @@ def test_mask_panel_is_viz_data_and_bounds(llama_explorer: Explorer) -> None:
         positional_view("sinusoidal", length=5000)
     with pytest.raises(ValueError, match="no learned position table"):
         positional_view("learned", model=llama_explorer.model)  # RoPE positions
+
+
+def test_seq2seq_stacks_neuron_and_predictions(seq2seq_explorer: Explorer) -> None:
+    from attnlab.explore.seq2seq import encode_target, translate
+    from attnlab.generation import beam_search, generate
+
+    e = seq2seq_explorer
+    src = e.encode("the cat sat.")
+    tgt = encode_target(e, "le chat")
+    assert tgt is not None and tgt[0] == e.config.bos_id and len(tgt) == 8
+    a = e.analyze(ids=src, target=tgt)
+    json.dumps(a, allow_nan=False)
+    names = ["encoder.layers.*.attn.weights", "decoder.layers.*.attn.weights",
+             "decoder.layers.*.cross_attn.weights"]  # fmt: skip
+    with torch.no_grad():
+        (logits, _), cache = run_with_cache(
+            e.model, torch.tensor([src]), torch.tensor([tgt]), names=names
+        )
+    prefixes = {"encoder": "encoder.layers.{}.attn", "decoder": "decoder.layers.{}.attn",
+                "cross": "decoder.layers.{}.cross_attn"}  # fmt: skip
+    shapes = {"encoder": (2, 4, len(src), len(src)), "decoder": (3, 4, len(tgt), len(tgt)),
+              "cross": (3, 4, len(tgt), len(src))}  # fmt: skip
+    for stack in a["stacks"]:
+        got = unpack(stack["attention"])
+        L = got.shape[0]
+        want = torch.stack(
+            [cache[prefixes[stack["name"]].format(i) + ".weights"][0] for i in range(L)]
+        )
+        assert got.shape == shapes[stack["name"]] and torch.equal(got, want)
+    n = e.neuron(src, 2, 1, 5, 3, stack="cross", target=tgt)
+    assert n["weights_row"] == cache["decoder.layers.2.cross_attn.weights"][0, 1, 5].tolist()
+    assert math.isclose(n["scaled"], n["score"], abs_tol=1e-5) and not n["masked"]
+    assert e.neuron(src, 0, 0, 2, 6, stack="decoder", target=tgt)["masked"]  # causal decoder
+    with pytest.raises(ValueError, match=r"key must be an integer in \[0, 8\)"):
+        e.neuron(src, 0, 0, 0, 9, stack="decoder", target=tgt)  # keys: the 8 target tokens
+    with pytest.raises(ValueError, match="unknown stack 'self'"):
+        e.neuron(src, 0, 0, 0, 0, stack="self")
+    expected = torch.softmax(logits[0, -1].double(), -1)
+    assert a["next"]["top"][0]["prob"] == pytest.approx(expected.max().item(), rel=1e-5)
+    assert a["lens"]["position"] == len(tgt) - 1
+    out = translate(e, src, num_beams=3, max_new_tokens=6)
+    greedy = generate(e.model, [src], max_new_tokens=6)[0].tolist()
+    beam = beam_search(e.model, [src], num_beams=3, max_new_tokens=6)
+    assert out["greedy"]["ids"] == greedy
+    assert out["beam"]["ids"] == beam.sequences[0, : int(beam.lengths[0])].tolist()
+    stepped = step(e, src, Sampling(1.0), sample=False, target=tgt)
+    assert stepped["target_ids"] == [*tgt, int(logits[0, -1].argmax())]
+    with pytest.raises(ValueError, match="target_ids must start with BOS"):
+        encode_target(e, ids=[5, 6])
+    with pytest.raises(ValueError, match="a target is for encoder-decoder models"):
+        Explorer(tiny_gpt(256)).analyze("ab", target=[1])

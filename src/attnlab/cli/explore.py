@@ -37,6 +37,7 @@ def add_parser(commands: Any) -> None:
         "--max-tokens", type=int, default=128, help="most tokens per input (default 128)"
     )
     p.add_argument("--text", help="the page's first input (needed by --html)")
+    p.add_argument("--target", help="encoder-decoder: the decoder input after BOS (--html)")
     p.add_argument("--html", help="write a self-contained page for --text here and exit")
     p.set_defaults(func=guarded("attnlab explore", run_explore))
 
@@ -91,7 +92,8 @@ def run_explore(args: argparse.Namespace) -> int:
     if args.html is not None:
         from attnlab.io import atomic_write_text
 
-        path = atomic_write_text(args.html, explore_html(explorer, args.text))
+        page = explore_html(explorer, args.text, target=args.target)
+        path = atomic_write_text(args.html, page)
         print(f"wrote {path}")
         return 0
     server = make_server(explorer, args.host, args.port)
