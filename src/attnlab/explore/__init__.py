@@ -1,7 +1,10 @@
 """The explorer: an interactive page for looking inside a model (``attnlab explore MODEL``).
 
 - :mod:`~attnlab.explore.data`: :class:`Explorer`, the views as JSON-able dicts (tokens,
-  attention from :mod:`attnlab.inspect`, rollout, the neuron view), :class:`Limits`;
+  attention from :mod:`attnlab.inspect`, rollout, the neuron view);
+  :mod:`~attnlab.explore.common`: :class:`Limits`, :func:`pack` / :func:`unpack`;
+- :mod:`~attnlab.explore.seq2seq`: encoder-decoder models (three attention stacks, greedy vs
+  beam); :mod:`~attnlab.explore.panels`: positional encodings and masks;
 - :mod:`~attnlab.explore.lm`: the next-token distribution (the library's processors), one
   generation step, the logit lens, ``[MASK]`` filling;
 - :mod:`~attnlab.explore.cost`: parameters, FLOPs and crossover lengths (:mod:`attnlab.analysis`);

@@ -24,90 +24,31 @@ Shapes: L layers, H heads, T tokens, D head dim, V vocabulary.
 
 from __future__ import annotations
 
-import base64
 import math
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
+from attnlab.explore.common import (
+    STACKS,
+    ByteTokenizer,
+    Limits,
+    check_int,
+    finite_or_none,
+    pack,
+    unpack,
+)
+from attnlab.explore.cost import cost_panel
+from attnlab.explore.lm import fill_mask, lens_view, next_token_view
+from attnlab.explore.seq2seq import analyze_seq2seq
 from attnlab.inspect import run_with_cache
 from attnlab.models import BERT, GPT, EncoderDecoderTransformer
 from attnlab.viz.capture import attention_rollout
 
 FAMILIES = {GPT: "gpt", BERT: "bert", EncoderDecoderTransformer: "seq2seq"}
-# attention stack -> (hook-name prefix of layer l, which token sequences are queries / keys)
-STACKS = {
-    "self": ("layers.{l}.attn", "source", "source"),
-    "encoder": ("encoder.layers.{l}.attn", "source", "source"),
-    "decoder": ("decoder.layers.{l}.attn", "target", "target"),
-    "cross": ("decoder.layers.{l}.cross_attn", "target", "source"),
-}
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Input bounds of an explorer.
-
-    Attributes:
-        max_tokens: most tokens one input may have (also capped by the model's context).
-        max_body_bytes: largest request body the server reads.
-        max_top: most entries a distribution or lens row may list.
-    """
-
-    max_tokens: int = 128
-    max_body_bytes: int = 64 * 1024
-    max_top: int = 100
-
-    def __post_init__(self) -> None:
-        for name in ("max_tokens", "max_body_bytes", "max_top"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
-def pack(t: Tensor) -> dict[str, Any]:
-    """A float tensor as ``{"shape": [...], "dtype": "float32", "data": base64}``."""
-    a = np.ascontiguousarray(t.detach().to(torch.float32).cpu().numpy(), dtype="<f4")
-    return {
-        "shape": list(a.shape),
-        "dtype": "float32",
-        "data": base64.b64encode(a.tobytes()).decode(),
-    }
-
-
-def unpack(d: dict[str, Any]) -> Tensor:
-    """The tensor of a :func:`pack` dict."""
-    raw = np.frombuffer(base64.b64decode(d["data"]), dtype="<f4")
-    return torch.from_numpy(raw.copy()).reshape(d["shape"])
-
-
-def check_int(name: str, value: object, low: int, high: int) -> int:
-    """``value`` if it is an int in ``[low, high)``, else ``ValueError`` naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value < high:
-        raise ValueError(f"{name} must be an integer in [{low}, {high}), got {value!r}")
-    return value
-
-
-def finite_or_none(x: float) -> float | None:
-    """JSON has no infinities: a masked score becomes ``None``."""
-    return x if math.isfinite(x) else None
-
-
-class _ByteTokenizer:
-    """UTF-8 bytes as ids, for a preset built without a tokenizer (vocabulary >= 256)."""
-
-    vocab_size = 256
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
 
 class Explorer:
@@ -144,7 +85,7 @@ class Explorer:
         c: Any = model.config
         self.config: Any = c
         if tokenizer is None and c.vocab_size >= 256:
-            tokenizer = _ByteTokenizer()
+            tokenizer = ByteTokenizer()
         self.tokenizer = tokenizer
         backend = getattr(tokenizer, "backend", None)
         for method in ("no_padding", "no_truncation"):  # one sequence, never cut silently
@@ -301,12 +242,7 @@ class Explorer:
         Raises:
             ValueError, TypeError: as :meth:`encode`.
         """
-        from attnlab.explore.cost import cost_panel
-        from attnlab.explore.lm import fill_mask, lens_view, next_token_view
-
         if self.family == "seq2seq":
-            from attnlab.explore.seq2seq import analyze_seq2seq
-
             return analyze_seq2seq(self, self.encode(text, ids), target)
         if target is not None:
             raise ValueError("a target is for encoder-decoder models")
@@ -405,4 +341,4 @@ class Explorer:
         return out
 
 
-__all__ = ["FAMILIES", "Explorer", "Limits", "check_int", "pack", "unpack"]
+__all__ = ["FAMILIES", "STACKS", "Explorer", "Limits", "check_int", "pack", "unpack"]

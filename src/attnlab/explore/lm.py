@@ -18,16 +18,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from attnlab.explore.common import ExplorerState, check_int
 from attnlab.generation.processors import build_processors, select_tokens
 from attnlab.inspect import logit_lens
-
-if TYPE_CHECKING:
-    from attnlab.explore.data import Explorer
 
 
 @dataclass(frozen=True)
@@ -82,14 +80,12 @@ class Sampling:
         return torch.softmax(processed, dim=-1)
 
 
-def _top_n(explorer: Explorer, n: object) -> int:
-    from attnlab.explore.data import check_int
-
+def _top_n(explorer: ExplorerState, n: object) -> int:
     return check_int("n", n, 1, explorer.limits.max_top + 1)
 
 
 def next_token_view(
-    explorer: Explorer, logits: Tensor, sampling: Sampling | None = None, n: int = 20
+    explorer: ExplorerState, logits: Tensor, sampling: Sampling | None = None, n: int = 20
 ) -> dict[str, Any]:
     """The ``n`` most likely next tokens under ``sampling``: id, text, raw logit, probability.
 
@@ -112,7 +108,7 @@ def next_token_view(
     }  # fmt: skip
 
 
-def last_logits(explorer: Explorer, ids: list[int], target: list[int] | None = None) -> Tensor:
+def last_logits(explorer: ExplorerState, ids: list[int], target: list[int] | None = None) -> Tensor:
     """The model's raw next-token logits after ``ids`` (an encoder-decoder: after the decoder
     input ``target`` for the source ``ids``), shape ``(V,)``."""
     with explorer.lock, torch.no_grad():
@@ -120,13 +116,13 @@ def last_logits(explorer: Explorer, ids: list[int], target: list[int] | None = N
     return logits[0, -1].float()
 
 
-def _check_lm(explorer: Explorer, what: str) -> None:
+def _check_lm(explorer: ExplorerState, what: str) -> None:
     if explorer.family not in ("gpt", "seq2seq"):
         raise ValueError(f"{what} needs a language model, not {explorer.family}")
 
 
 def next_token(
-    explorer: Explorer, ids: list[int], sampling: Sampling, n: int = 20,
+    explorer: ExplorerState, ids: list[int], sampling: Sampling, n: int = 20,
     target: list[int] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """:func:`next_token_view` of the model's logits after ``ids`` (a language model; an
@@ -136,7 +132,7 @@ def next_token(
 
 
 def step(
-    explorer: Explorer, ids: list[int], sampling: Sampling, *, sample: bool, seed: int = 0,
+    explorer: ExplorerState, ids: list[int], sampling: Sampling, *, sample: bool, seed: int = 0,
     n: int = 20, target: list[int] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Append one token to ``ids`` (an encoder-decoder: to the decoder input ``target``): the
@@ -167,7 +163,7 @@ def step(
 
 
 def lens_view(
-    explorer: Explorer, ids: Sequence[int], *, position: int = -1, top: int = 5,
+    explorer: ExplorerState, ids: Sequence[int], *, position: int = -1, top: int = 5,
     target: list[int] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The logit lens (:func:`attnlab.inspect.logit_lens`) at one position: per row (embed,
@@ -195,7 +191,7 @@ def lens_view(
 
 
 def fill_mask(
-    explorer: Explorer, ids: Sequence[int], logits: Tensor, top: int = 5
+    explorer: ExplorerState, ids: Sequence[int], logits: Tensor, top: int = 5
 ) -> list[dict[str, Any]]:
     """Per ``[MASK]`` of the input: the ``top`` tokens of the MLM head and their probabilities.
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import nn
 
-from attnlab.explore.data import check_int, pack
+from attnlab.explore.common import check_int, pack
 from attnlab.viz.masks import MASK_KINDS, mask_data
 from attnlab.viz.positional import POSITIONAL_KINDS, positional_data
 

@@ -16,22 +16,19 @@ Shapes: S source tokens, T decoder-input tokens, L layers, H heads.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from attnlab.explore.common import STACKS, ExplorerState, check_int, pack
 from attnlab.explore.cost import cost_panel
-from attnlab.explore.data import STACKS, check_int, pack
 from attnlab.explore.lm import lens_view, next_token_view
 from attnlab.generation import beam_search, generate
 from attnlab.viz.capture import attention_rollout
 
-if TYPE_CHECKING:
-    from attnlab.explore.data import Explorer
-
 
 def encode_target(
-    explorer: Explorer, text: str | None = None, ids: Sequence[int] | None = None
+    explorer: ExplorerState, text: str | None = None, ids: Sequence[int] | None = None
 ) -> list[int] | None:
     """The decoder input: BOS + the tokens of ``text``, or ``ids`` as given (they must start
     with BOS); ``None`` (BOS alone) when both are ``None``.
@@ -64,7 +61,9 @@ def encode_target(
     return out
 
 
-def analyze_seq2seq(explorer: Explorer, src: list[int], target: list[int] | None) -> dict[str, Any]:
+def analyze_seq2seq(
+    explorer: ExplorerState, src: list[int], target: list[int] | None
+) -> dict[str, Any]:
     """Source and decoder-input tokens, the three stacks' weights, the encoder's rollout, the
     cost panel, the next-token view and the logit lens after the decoder input."""
     tgt = list(explorer.inputs(src, target)[-1][0].tolist())
@@ -98,7 +97,7 @@ def analyze_seq2seq(explorer: Explorer, src: list[int], target: list[int] | None
 
 
 def translate(
-    explorer: Explorer, src: list[int], *, num_beams: int = 4, max_new_tokens: int = 32
+    explorer: ExplorerState, src: list[int], *, num_beams: int = 4, max_new_tokens: int = 32
 ) -> dict[str, Any]:
     """Greedy decoding and beam search (``num_beams``) of the source ``src``: ids and text.
 
