@@ -9,6 +9,7 @@ drives the page as a reader would and writes one PNG per view:
     docs/images/explore_neuron.png   neuron view ("it" -> "animal")
     docs/images/explore_rollout.png  attention rollout
     docs/images/explore_cost.png     cost panel
+    docs/images/explore_positions.png  positional encodings (MiniLM's learned table) and masks
     docs/images/explore_next.png     next-token distribution (the LM, temperature 0.8)
     docs/images/explore_lens.png     logit lens (the LM)
 
@@ -61,8 +62,10 @@ def encoder_views(page: Any, url: str, out: Path) -> None:
     page.hover(f'#head-view text[data-side="q"][data-index="{it}"]')
     page.locator("#tokens-panel").screenshot(path=str(out / "explore_head.png"))
     page.mouse.move(0, 0)
+    page.wait_for_function("window.__explore.positional !== null")
     for panel, name in (("#model-panel", "model"), ("#neuron-panel", "neuron"),
-                        ("#rollout-panel", "rollout"), ("#cost-panel", "cost")):  # fmt: skip
+                        ("#rollout-panel", "rollout"), ("#cost-panel", "cost"),
+                        ("#position-panel", "positions")):  # fmt: skip
         page.locator(panel).screenshot(path=str(out / f"explore_{name}.png"))
 
 

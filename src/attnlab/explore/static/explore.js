@@ -220,8 +220,8 @@
       (N.masked ? "   masked (score −∞)" : `   score ${fmt(N.score, 4)} (bias/mask ${fmt(N.bias, 4)})`) +
       `   softmax → ${fmt(N.weight, 4)}`));
     const dims = el("div", { class: "dims" }), t = el("table", { id: "neuron-dims" });
-    const maxAbs = Math.max(1e-12, ...N.products.map(Math.abs)), WRAP = 16;
-    for (let start = 0; start < N.d_head; start += WRAP) {  // 16 dimensions per block of rows
+    const maxAbs = Math.max(1e-12, ...N.products.map(Math.abs)), WRAP = 12;
+    for (let start = 0; start < N.d_head; start += WRAP) {  // 12 dimensions per block of rows
       const idx = el("tr", { class: "dim-index" }); idx.appendChild(el("th", {}, "dim"));
       for (let d = start; d < Math.min(start + WRAP, N.d_head); d++) idx.appendChild(el("td", { class: "num hint" }, String(d)));
       t.appendChild(idx);
