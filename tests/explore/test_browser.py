@@ -49,9 +49,22 @@ def serve(explorer: Explorer) -> tuple[Any, str]:
     return srv, f"http://127.0.0.1:{srv.server_address[1]}/"
 
 
+ERRORS: list[str] = []  # uncaught errors of the pages (a script that fails to parse, ...)
+
+
+def open_page(context: Any) -> Any:
+    page = context.new_page()
+    page.on("pageerror", lambda e: ERRORS.append(str(e)))
+    return page
+
+
 def wait(page: Any, version: int = 0) -> int:
-    page.wait_for_function(READY.format(v=version), timeout=20_000)
+    try:
+        page.wait_for_function(READY.format(v=version), timeout=20_000)
+    except sync_api.TimeoutError:
+        raise AssertionError(f"the page never got ready; its errors: {ERRORS}") from None
     assert page.evaluate("window.__explore.error") is None
+    assert not ERRORS, ERRORS
     return int(page.evaluate("window.__explore.version"))
 
 
@@ -101,7 +114,7 @@ def check_neuron(page: Any, explorer: Explorer, ids: list[int]) -> None:
 
 def test_live_page_for_a_tiny_gpt(context: Any, gpt_explorer: Explorer) -> None:
     srv, url = serve(gpt_explorer)
-    page = context.new_page()
+    page = open_page(context)
     urls: list[str] = []
     page.on("request", lambda r: urls.append(r.url))
     try:
@@ -181,7 +194,7 @@ def test_live_page_for_a_tiny_gpt(context: Any, gpt_explorer: Explorer) -> None:
 def test_static_export(context: Any, gpt_explorer: Explorer, tmp_path: Path) -> None:
     file = tmp_path / "explore.html"
     file.write_text(explore_html(gpt_explorer, TEXT), encoding="utf-8")
-    page = context.new_page()
+    page = open_page(context)
     urls: list[str] = []
     page.on("request", lambda r: urls.append(r.url))
     try:
@@ -217,7 +230,7 @@ def test_live_page_for_the_real_minilm(context: Any) -> None:
 
     explorer = Explorer(*load(str(path), None), name="all-MiniLM-L6-v2")
     srv, url = serve(explorer)
-    page = context.new_page()
+    page = open_page(context)
     try:
         page.goto(url)
         v = wait(page)
@@ -253,7 +266,7 @@ def test_live_page_for_a_tiny_encoder_decoder(context: Any, seq2seq_explorer: Ex
 
     e = seq2seq_explorer
     srv, url = serve(e)
-    page = context.new_page()
+    page = open_page(context)
     try:
         page.goto(url)
         v = wait(page)
@@ -306,7 +319,7 @@ def test_static_export_of_an_encoder_decoder(
     e = seq2seq_explorer
     file = tmp_path / "seq2seq.html"
     file.write_text(explore_html(e, "the cat sat.", target="le chat"), encoding="utf-8")
-    page = context.new_page()
+    page = open_page(context)
     try:
         page.goto(file.as_uri())
         v = wait(page)

@@ -84,6 +84,10 @@
       return data;
     } finally { S.busy--; }
   }
+  // Answers can come back out of order: only the newest request of each kind is drawn.
+  const latest = {};
+  function ticket(kind) { latest[kind] = (latest[kind] || 0) + 1; return latest[kind]; }
+  function stale(kind, t) { return latest[kind] !== t; }
   async function guard(fn) {
     try { await fn(); } catch (e) { showError(String(e.message || e)); }
     S.version++;
@@ -204,9 +208,10 @@
       scores_row: srow, weights_row: wrow, weight: att(l, h, i, j) };
   }
   async function drawNeuron() {
-    const l = S.layer, h = S.head, i = S.query, j = S.key;
+    const l = S.layer, h = S.head, i = S.query, j = S.key, tk = ticket("neuron");
     const N = S.mode === "static" ? neuronFromEmbedded(l, h, i, j)
       : await api("/api/neuron", { ids: S.ids, ...targetBody(), stack: cur().name, layer: l, head: h, query: i, key: j });
+    if (stale("neuron", tk)) return;
     S.neuron = N;
     const box = $("neuron");
     box.replaceChildren();
@@ -366,7 +371,9 @@
   }
   async function drawPositional() {
     const body = { kind: $("pos-kind").value, d_model: parseInt($("pos-d").value, 10), length: parseInt($("pos-len").value, 10), n_heads: S.info.n_heads };
+    const tk = ticket("positional");
     const v = await api("/api/positional", body);
+    if (stale("positional", tk)) return;
     const m = unpack(v.matrix), alibi = m.shape.length === 3;
     $("pos-head").disabled = !alibi;
     const h = alibi ? Math.min(parseInt($("pos-head").value || "0", 10), m.shape[0] - 1) : 0;
@@ -379,7 +386,9 @@
   }
   async function drawMasks() {
     const kind = $("mask-kind").value;
+    const tk = ticket("masks");
     const r = await api("/api/masks", { kinds: [kind], seq_len: parseInt($("mask-len").value, 10), window: parseInt($("mask-window").value, 10) });
+    if (stale("masks", tk)) return;
     S.masks = { kind, matrix: r[kind] };
     $("mask-canvas").dataset.kind = kind;
     drawScaled($("mask-canvas"), r[kind]);
@@ -423,12 +432,16 @@
     if (a.fill_mask) drawMask(a.fill_mask);
   }
   async function analyze(body) {
+    const tk = ticket("analyze");
     const a = await api("/api/analyze", body);
+    if (stale("analyze", tk)) return;
     render(a);
     await drawNeuron();
   }
   async function refreshNext() {
-    drawNext(await api("/api/next", { ids: S.ids, ...targetBody(), ...sampling(), n: 20 }));
+    const tk = ticket("next");
+    const view = await api("/api/next", { ids: S.ids, ...targetBody(), ...sampling(), n: 20 });
+    if (!stale("next", tk)) drawNext(view);
   }
   let stepSeed = 0;
   async function stepOnce(sample) {
@@ -487,7 +500,9 @@
     $("step-greedy").addEventListener("click", () => guard(() => stepOnce(false)));
     $("step-sample").addEventListener("click", () => guard(() => stepOnce(true)));
     $("lens-position").addEventListener("change", () => guard(async () => {
-      drawLens(await api("/api/lens", { ids: S.ids, ...targetBody(), position: parseInt($("lens-position").value, 10) }));
+      const tk = ticket("lens");
+      const lens = await api("/api/lens", { ids: S.ids, ...targetBody(), position: parseInt($("lens-position").value, 10) });
+      if (!stale("lens", tk)) drawLens(lens);
     }));
   }
 
