@@ -128,14 +128,14 @@ def test_size_length_and_method_bounds(server: tuple[str, int], gpt_explorer: Ex
     status, data = post(server, "/api/analyze", {"text": "a" * (limit + 10)})
     assert status == 413 and f"at most {limit}" in data["error"]
     # a huge claimed length is refused before anything is read
-    reply = raw_request(server, b"POST /api/analyze HTTP/1.1\r\nHost: x\r\nContent-Length: "
+    reply = raw_request(server, b"POST /api/analyze HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: "
                         b"999999999999\r\nConnection: close\r\n\r\n")  # fmt: skip
     assert reply.startswith(b"HTTP/1.1 413")
     reply = raw_request(
-        server, b"POST /api/analyze HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        server, b"POST /api/analyze HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
     )
     assert reply.startswith(b"HTTP/1.1 411") and b"Content-Length" in reply
-    reply = raw_request(server, b"POST /api/analyze HTTP/1.1\r\nHost: x\r\nContent-Length: "
+    reply = raw_request(server, b"POST /api/analyze HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: "
                         b"abc\r\nConnection: close\r\n\r\n")  # fmt: skip
     assert reply.startswith(b"HTTP/1.1 400")
     for method in ("PUT", "DELETE", "PATCH"):
@@ -157,10 +157,19 @@ def test_size_length_and_method_bounds(server: tuple[str, int], gpt_explorer: Ex
 )  # fmt: skip
 def test_no_file_outside_the_static_folder(server: tuple[str, int], path: str) -> None:
     reply = raw_request(
-        server, f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+        server, f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
     )
     assert reply.split(b"\r\n", 1)[0] in (b"HTTP/1.1 404 Not Found", b"HTTP/1.1 400 Bad Request")
     assert b"root:" not in reply and b"import" not in reply
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:80", "127.0.0.1.evil.example"])
+def test_other_host_names_are_refused(server: tuple[str, int], host: str) -> None:
+    for method, path, body in (("GET", "/", b""), ("POST", "/api/analyze", b'{"text": "ab"}')):
+        head = f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\n"
+        reply = raw_request(server, head.encode() + b"Connection: close\r\n\r\n" + body)
+        assert reply.startswith(b"HTTP/1.1 403") and b"is not this server's" in reply
+    assert request(server, "GET", "/api/info", headers={"Host": f"localhost:{server[1]}"})[0] == 200
 
 
 def test_a_failing_model_is_a_500_and_the_server_goes_on(
@@ -178,7 +187,9 @@ def test_a_failing_model_is_a_500_and_the_server_goes_on(
 
 def test_a_stalled_client_does_not_block_the_others(server: tuple[str, int]) -> None:
     with socket.create_connection(server, timeout=30) as stalled:
-        stalled.sendall(b"POST /api/analyze HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        stalled.sendall(
+            b"POST /api/analyze HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{"
+        )
         t0 = time.perf_counter()
         assert post(server, "/api/analyze", {"text": "abc"})[0] == 200
         assert time.perf_counter() - t0 < 10

@@ -20,6 +20,9 @@ Routes:
 - ``POST /api/positional`` ``{"kind", "d_model", "length", "n_heads"}``; ``POST /api/masks``
   ``{"kinds", "seq_len", "window", "length", "query_len"}`` (:mod:`attnlab.explore.panels`).
 
+Bound to a loopback address, the server answers only requests whose ``Host`` names one (403
+otherwise), so a web page elsewhere cannot reach it by DNS rebinding.
+
 Errors are JSON ``{"error": message}``: 400 for bad input (malformed JSON, a bad value, too many
 tokens), 404, 405, 411 (no ``Content-Length``), 413 (a body over the bound), 500 for a failure of
 the model (logged; the server keeps serving).
@@ -45,6 +48,7 @@ STATIC = Path(__file__).resolve().parent / "static"
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8", ".png": "image/png"}  # fmt: skip
 log = logging.getLogger("attnlab.explore")
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 class RequestError(Exception):
@@ -176,7 +180,22 @@ class ExploreHandler(BaseHTTPRequestHandler):
     def _path(self) -> str:
         return unquote(urlsplit(self.path).path)
 
+    def _host_ok(self) -> bool:
+        """On loopback, only requests naming a loopback host (no DNS rebinding: a web page
+        elsewhere cannot reach this server under its own name); 403 otherwise."""
+        allowed: frozenset[str] | None = self.server.allowed_hosts  # type: ignore[attr-defined]
+        if allowed is None:
+            return True
+        host = urlsplit(f"//{self.headers.get('Host', '')}").hostname or ""
+        if host in allowed:
+            return True
+        self.close_connection = True
+        self._error(HTTPStatus.FORBIDDEN, f"host {host!r} is not this server's (a loopback name)")
+        return False
+
     def do_GET(self) -> None:
+        if not self._host_ok():
+            return
         path = self._path()
         if path in ("/", "/index.html"):
             path = "/static/index.html"
@@ -237,6 +256,8 @@ class ExploreHandler(BaseHTTPRequestHandler):
         return data
 
     def do_POST(self) -> None:
+        if not self._host_ok():
+            return
         route = ROUTES.get(self._path())
         try:
             if route is None:
@@ -273,6 +294,7 @@ class ExploreServer(ThreadingHTTPServer):
     request_queue_size = 64  # a burst of connections waits in the backlog, none is refused
     explorer: Explorer
     static_files: dict[str, Path]
+    allowed_hosts: frozenset[str] | None  # None: any Host header (a non-loopback --host)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("connection from %s failed", client_address, exc_info=True)
@@ -288,6 +310,7 @@ def make_server(explorer: Explorer, host: str = "127.0.0.1", port: int = 8765) -
     server = ExploreServer((host, port), ExploreHandler)
     server.explorer = explorer
     server.static_files = {p.name: p for p in STATIC.iterdir() if p.is_file()}
+    server.allowed_hosts = LOOPBACK if host in LOOPBACK else None
     return server
 
 
