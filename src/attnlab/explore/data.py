@@ -1,7 +1,8 @@
 """The explorer's data layer: JSON-able views of one loaded model on one input.
 
-:class:`Explorer` holds a model (GPT or BERT family), its tokenizer and the input bounds, and
-turns an input (text or token ids) into plain dicts the page draws and the tests compare:
+:class:`Explorer` holds a model (GPT, BERT or encoder-decoder), its tokenizer and the input
+bounds, and turns an input (text or token ids) into plain dicts the page draws and the tests
+compare:
 
 - :meth:`Explorer.analyze`: the tokens, every layer's and head's attention weights (the
   ``layers.L.attn.weights`` hook points of :mod:`attnlab.inspect`, not recomputed), attention
@@ -10,7 +11,8 @@ turns an input (text or token ids) into plain dicts the page draws and the tests
 - :meth:`Explorer.neuron`: eq. (1) of "Attention Is All You Need" step by step for one query and
   key of one head: the per-dimension products ``q_i k_i``, their sum, the scale ``1/sqrt(d_k)``,
   the score the model computed and the softmax row;
-- :meth:`Explorer.next_token` / :meth:`Explorer.step` (:mod:`attnlab.explore.lm`).
+- the next-token view, one generation step, the logit lens (:mod:`attnlab.explore.lm`), an
+  encoder-decoder's three stacks (:mod:`attnlab.explore.seq2seq`).
 
 Large arrays travel packed (:func:`pack`: float32 little-endian bytes in base64, with their
 shape) so a 64-token MiniLM analysis is a few hundred kilobytes, exactly the model's float32
@@ -55,8 +57,8 @@ class Explorer:
     """A model, its tokenizer and the input bounds; the views as JSON-able dicts.
 
     Args:
-        model: a :class:`~attnlab.models.GPT` or :class:`~attnlab.models.BERT` (put in eval
-            mode here).
+        model: a :class:`~attnlab.models.GPT`, :class:`~attnlab.models.BERT` or
+            :class:`~attnlab.models.EncoderDecoderTransformer` (put in eval mode here).
         tokenizer: an attnlab tokenizer (``encode``/``decode``); ``None`` uses UTF-8 bytes when
             the vocabulary has at least 256 entries, else only ids are accepted.
         name: what the page calls the model.

@@ -95,8 +95,11 @@ def next_token_view(
     s = sampling or Sampling()
     n = _top_n(explorer, n)
     p = s.probs(logits)  # (V,)
-    # most probable first; among equal probabilities (e.g. 0 after a filter) the higher logit
-    order = sorted(range(p.shape[0]), key=lambda i: (-float(p[i]), -float(logits[i])))[:n]
+    # most probable first; among equal probabilities (e.g. 0 after a filter) the higher logit:
+    # a stable sort by probability of the ids already sorted by logit
+    by_logit = logits.argsort(descending=True, stable=True)  # (V,)
+    by_prob = p[by_logit].argsort(descending=True, stable=True)  # (V,)
+    order = by_logit[by_prob][:n].tolist()
     return {
         "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
         "kept": int((p > 0).sum()),
