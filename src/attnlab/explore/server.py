@@ -248,6 +248,10 @@ class ExploreHandler(BaseHTTPRequestHandler):
             data = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not valid JSON: {e}") from None
+        except RecursionError:  # [[[[...]]]] deeper than the parser goes
+            raise RequestError(
+                HTTPStatus.BAD_REQUEST, "the body's JSON is nested too deeply"
+            ) from None
         if not isinstance(data, dict):
             raise RequestError(
                 HTTPStatus.BAD_REQUEST,
@@ -265,6 +269,7 @@ class ExploreHandler(BaseHTTPRequestHandler):
                 raise RequestError(HTTPStatus.NOT_FOUND, f"no such API: {self.path[:200]}")
             result = route(self.explorer, self._body())
         except RequestError as e:
+            self.close_connection = True  # the body may be unread: start afresh
             self._error(e.status, str(e))
             return
         except (ValueError, TypeError) as e:
