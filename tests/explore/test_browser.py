@@ -341,3 +341,34 @@ def test_static_export_of_an_encoder_decoder(
         assert page.is_hidden("#translate-panel")
     finally:
         page.close()
+
+
+def test_fill_mask_in_the_page(context: Any, hf_bert_mlm: tuple[Any, Any]) -> None:
+    from attnlab.cli.explore import load
+
+    directory, hf = hf_bert_mlm
+    explorer = Explorer(*load(str(directory), None), name="tiny BertForMaskedLM")
+    srv, url = serve(explorer)
+    page = open_page(context)
+    try:
+        page.goto(url)
+        v = wait(page)
+        page.fill("#text", "the cat sat on the [MASK].")
+        page.click("#run")
+        v = wait(page, v)
+        assert page.is_visible("#mask-panel") and page.is_hidden("#next-panel")
+        ids = page.evaluate("window.__explore.ids")
+        shown = page.eval_on_selector_all(
+            "#mask-view p", "ps => ps.map(p => [+p.dataset.position, "
+            "[...p.querySelectorAll('span')].map(s => +s.dataset.prob)])",
+        )  # fmt: skip
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids])).logits[0]
+        [(position, probs)] = shown
+        assert ids[position] == explorer.tokenizer.token_id("[MASK]")
+        want = torch.softmax(logits[position], -1).topk(5).values.tolist()
+        assert probs == pytest.approx(want, abs=1e-5)
+    finally:
+        page.close()
+        srv.shutdown()
+        srv.server_close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from typing import Any
 
 import pytest
 import torch
@@ -349,3 +350,18 @@ def test_seq2seq_stacks_neuron_and_predictions(seq2seq_explorer: Explorer) -> No
         encode_target(e, ids=[5, 6])
     with pytest.raises(ValueError, match="a target is for encoder-decoder models"):
         Explorer(tiny_gpt(256)).analyze("ab", target=[1])
+
+
+def test_fill_mask_equals_hugging_faces_mlm(hf_bert_mlm: tuple[Any, Any]) -> None:
+    from attnlab.cli.explore import load
+
+    directory, hf = hf_bert_mlm
+    e = Explorer(*load(str(directory), None))
+    a = e.analyze("the cat sat on the [MASK] and the [MASK] barked.")
+    assert e.info()["mask_token"] == "[MASK]" and len(a["fill_mask"]) == 2
+    with torch.no_grad():
+        logits = hf(torch.tensor([a["ids"]])).logits[0]  # (T, V): transformers' own head
+    for filled in a["fill_mask"]:
+        p = torch.softmax(logits[filled["position"]], -1).topk(5)
+        assert [x["id"] for x in filled["top"]] == p.indices.tolist()
+        assert [x["prob"] for x in filled["top"]] == pytest.approx(p.values.tolist(), abs=1e-5)
