@@ -458,7 +458,8 @@
 
   function setup(info) {
     S.info = info;
-    $("model-info").textContent = `${info.name}: ${info.model_type}, ${info.n_layers} layers × ${info.n_heads} heads, d_model ${info.d_model}`;
+    const layers = info.seq2seq ? `${info.n_layers} encoder + ${info.n_decoder_layers} decoder layers` : `${info.n_layers} layers`;
+    $("model-info").textContent = `${info.name}: ${info.model_type}, ${layers} × ${info.n_heads} heads, d_model ${info.d_model}`;
     fillSelect($("layer"), info.n_layers, (i) => String(i), 0);
     $("stack-label").hidden = !info.seq2seq; $("target-row").hidden = !info.seq2seq;
     $("translate-panel").hidden = !info.seq2seq || S.mode === "static";
