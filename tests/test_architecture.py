@@ -23,6 +23,7 @@ FLOORS = {
     "attnlab.translation": 4.0,
     "attnlab.training": 4.1,
     "attnlab.viz": 5,
+    "attnlab.explore": 5.5,
     "attnlab.cli": 6,
     "attnlab.__main__": 7, "attnlab": 7,
 }  # fmt: skip

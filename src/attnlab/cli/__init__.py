@@ -10,6 +10,7 @@ Each module adds one command group and turns its flags into library calls:
     attnlab analyze PRESET_OR_CONFIG         cli.analyze
     attnlab embed MODEL_DIR --text ...       cli.embed
     attnlab inspect MODEL --text ...         cli.inspect  (activation cache, logit lens)
+    attnlab explore MODEL                    cli.explore  (the interactive page)
     attnlab viz KIND ...                     cli.viz
     attnlab bench attention ...              cli.bench
     attnlab convert-run RUN_DIR              cli.convert
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 
 from attnlab import __version__
 from attnlab.cli import analyze, bench, convert, embed, evaluate, generate, sample, train, translate
+from attnlab.cli import explore as explore_cli
 from attnlab.cli import inspect as inspect_cli
 from attnlab.cli import quantize as quantize_cli
 from attnlab.cli import viz as viz_cli
@@ -43,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in (train, sample, evaluate, generate, translate, analyze, embed, inspect_cli,
-                   viz_cli, bench, convert, quantize_cli):  # fmt: skip
+                   viz_cli, bench, convert, quantize_cli, explore_cli):  # fmt: skip
         module.add_parser(commands)
     return parser
 
