@@ -131,9 +131,6 @@ def scaled_dot_product_attention(
     # Scores in at least float32: half-precision scores overflow for large logits.
     compute_dtype = torch.promote_types(q.dtype, torch.float32)
     scores = (q.to(compute_dtype) @ k.to(compute_dtype).transpose(-2, -1)) * scale  # (B,H,T,S)
-    # -inf from q·k itself (an inf in q or k), not from a mask: a row scoring -inf everywhere it
-    # may look has undefined weights and is NaN below (the clamp would make it uniform)
-    lost = torch.isneginf(scores)  # (B, H, T, S)
 
     keep: Tensor | None = None  # bool, broadcastable to (B, H, T, S): True = may attend
     if is_causal:
@@ -150,11 +147,14 @@ def scaled_dot_product_attention(
     # the scores' own dtype: CPU autocast runs the matmul above in bfloat16 whatever its inputs
     neg = torch.finfo(scores.dtype).min
     if keep is not None:
-        scores = scores.masked_fill(~keep, neg)
-    scores = scores.clamp_min(neg)  # additive masks may have pushed scores to -inf
-    undefined = (lost if keep is None else lost | ~keep).all(dim=-1, keepdim=True)  # (B,H,T,1)
+        scores = scores.masked_fill(~keep, -math.inf)
+    # A row whose every key it may see scores -inf (an inf in q or k; masked keys are -inf here
+    # too) has undefined weights: NaN, not the uniform row the clamp below would make. Rows the
+    # masks leave without any key are zeros below. (A row max: a bool .all() cost 6% of a step.)
+    undefined = torch.isneginf(scores.amax(dim=-1, keepdim=True))  # (B, H, T, 1)
     if keep is not None:
-        undefined = undefined & keep.any(dim=-1, keepdim=True)  # rows with no key stay zeros
+        undefined = undefined & keep.any(dim=-1, keepdim=True)
+    scores = scores.clamp_min(neg)  # masked keys at finfo.min, so the softmax never sees -inf
     # NaN scores, so NaN weights; done before the softmax, whose output autograd keeps anyway
     # (filling the weights after it would keep a second (B, H, T, S) tensor for the backward)
     scores = scores.masked_fill(undefined, math.nan)

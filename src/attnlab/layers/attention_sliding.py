@@ -144,14 +144,13 @@ def _softmax_keep(scores: Tensor, keep: Tensor, biased: bool) -> Tensor:
     path: its weights are undefined.
     """
     neg = torch.finfo(scores.dtype).min
+    scores = scores.masked_fill(~keep, -math.inf)
     undefined = None
-    if not biased:
-        undefined = (torch.isneginf(scores) | ~keep).all(dim=-1, keepdim=True) & keep.any(
+    if not biased:  # a row max, not a bool .all(): the cheap way to find an all -inf row
+        undefined = torch.isneginf(scores.amax(dim=-1, keepdim=True)) & keep.any(
             dim=-1, keepdim=True
         )
-    scores = scores.masked_fill(~keep, neg)
-    if biased:
-        scores = scores.clamp_min(neg)
+    scores = scores.clamp_min(neg)  # masked keys at finfo.min
     if undefined is not None:  # before the softmax: no second band-sized tensor for autograd
         scores = scores.masked_fill(undefined, math.nan)
     return torch.softmax(scores, dim=-1).masked_fill(~keep, 0.0)
