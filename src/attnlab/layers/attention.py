@@ -151,7 +151,10 @@ def scaled_dot_product_attention(
     # A row whose every key it may see scores -inf (an inf in q or k; masked keys are -inf here
     # too) has undefined weights: NaN, not the uniform row the clamp below would make. Rows the
     # masks leave without any key are zeros below. (A row max: a bool .all() cost 6% of a step.)
-    undefined = torch.isneginf(scores.amax(dim=-1, keepdim=True))  # (B, H, T, 1)
+    if S:
+        undefined = torch.isneginf(scores.amax(dim=-1, keepdim=True))  # (B, H, T, 1)
+    else:  # no keys: amax has nothing to reduce, and every row is zeros below
+        undefined = scores.new_zeros((*scores.shape[:-1], 1), dtype=torch.bool)
     if keep is not None:
         undefined = undefined & keep.any(dim=-1, keepdim=True)
     scores = scores.clamp_min(neg)  # masked keys at finfo.min, so the softmax never sees -inf

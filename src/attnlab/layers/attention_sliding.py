@@ -146,7 +146,7 @@ def _softmax_keep(scores: Tensor, keep: Tensor, biased: bool) -> Tensor:
     neg = torch.finfo(scores.dtype).min
     scores = scores.masked_fill(~keep, -math.inf)
     undefined = None
-    if not biased:  # a row max, not a bool .all(): the cheap way to find an all -inf row
+    if not biased and scores.shape[-1]:  # a row max, not a bool .all(): cheap, finds -inf rows
         undefined = torch.isneginf(scores.amax(dim=-1, keepdim=True)) & keep.any(
             dim=-1, keepdim=True
         )
