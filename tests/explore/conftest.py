@@ -115,3 +115,21 @@ def hf_bert_mlm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     for name in ("tokenizer.json", "vocab.txt"):
         shutil.copy(path / name, d / name)
     return d, model
+
+
+@pytest.fixture(scope="session")
+def vit_explorer() -> Explorer:
+    """The ``vit-digits`` preset (random weights, seed 0): 8x8 grey digits, 2x2 patches."""
+    torch.manual_seed(0)
+    return Explorer(build_model("vit-digits", dropout=0.0), name="tiny-vit")
+
+
+@pytest.fixture(scope="session")
+def vit_rgb_explorer() -> Explorer:
+    """A ViT for 16x16 RGB images of no known data set (uploads only), mean-pooled."""
+    torch.manual_seed(0)
+    model = build_model(
+        "vit-digits", dropout=0.0, image_size=16, patch_size=4, in_channels=3, n_classes=5,
+        d_model=32, n_heads=4, n_layers=2, d_ff=64, pool="mean",
+    )  # fmt: skip
+    return Explorer(model, name="tiny-rgb-vit")

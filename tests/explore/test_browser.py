@@ -372,3 +372,154 @@ def test_fill_mask_in_the_page(context: Any, hf_bert_mlm: tuple[Any, Any]) -> No
         page.close()
         srv.shutdown()
         srv.server_close()
+
+
+# -- ViT ----------------------------------------------------------------------------------------
+
+
+def vit_weights(explorer: Explorer, body: dict[str, Any]) -> torch.Tensor:
+    """``(L, H, T, T)`` from attnlab.inspect for the input the page sent."""
+    vi = explorer.read_image(body.get("image"), body.get("sample"))
+    names = "layers.*.attn.weights"
+    with torch.no_grad():
+        _, cache = run_with_cache(explorer.model, vi.input, names=names)
+    return torch.stack(
+        [cache[f"layers.{i}.attn.weights"][0] for i in range(explorer.config.n_layers)]
+    )
+
+
+def check_overlay(page: Any, w: torch.Tensor, query: int | str) -> None:
+    """The overlay the page drew is row ``query`` ([CLS] = 0, or the mean over the patch queries)
+    of the selected head, restricted to the patch keys, and rollout's row likewise."""
+    vit = page.evaluate("window.__explore.vit")
+    layer, head = vit["layer"], vit["head"]
+    assert (layer, head) == tuple(page.evaluate("[window.__explore.layer, window.__explore.head]"))
+    row = w[layer, head, 1:, 1:].double().mean(0) if query == "mean" else w[layer, head, query, 1:]
+    if query == "mean":
+        assert vit["attention"] == pytest.approx(row.tolist(), abs=1e-7)
+    else:
+        assert vit["attention"] == row.tolist()  # float32 values, exactly
+    assert page.locator("#vit-attention").get_attribute("data-layer") == str(layer)
+    from attnlab.viz.capture import attention_rollout
+
+    R = attention_rollout(list(w[: vit["rollout_layer"] + 1]))  # (T, T)
+    want = R[1:, 1:].double().mean(0) if query == "mean" else R[query, 1:]
+    assert vit["rollout"] == pytest.approx(want.tolist(), abs=1e-6)
+
+
+def test_live_page_for_a_tiny_vit(context: Any, vit_explorer: Explorer) -> None:
+    srv, url = serve(vit_explorer)
+    page = open_page(context)
+    try:
+        page.goto(url)
+        v = wait(page)
+        assert page.is_visible("#image-panel") and page.is_hidden("#input-panel")
+        assert page.evaluate("window.__explore.input") == {"sample": 0}
+        w = vit_weights(vit_explorer, {"sample": 0})
+        check_overlay(page, w, 0)
+        first = page.evaluate("window.__explore.vit.attention")
+        page.select_option("#layer", "2")
+        page.select_option("#head", "3")
+        v = wait(page, v)
+        check_overlay(page, w, 0)
+        assert page.evaluate("window.__explore.vit.attention") != first
+        assert page.evaluate("window.__explore.head_weights") == w[2, 3].tolist()
+        page.select_option("#overlay-query", "mean")
+        v = wait(page, v)
+        check_overlay(page, w, "mean")
+        box = page.locator("#vit-image").bounding_box()  # patch (row 1, col 2) of the 4x4 grid
+        page.mouse.click(box["x"] + box["width"] * 2.5 / 4, box["y"] + box["height"] * 1.5 / 4)
+        v = wait(page, v)
+        assert page.evaluate("window.__explore.query") == 1 + 1 * 4 + 2
+        check_overlay(page, w, 7)
+        got = page.evaluate("window.__explore.neuron")
+        want = vit_explorer.neuron(vit_explorer.read_image(sample=0), 2, 3, 7, got["key"])
+        assert got["weights_row"] == want["weights_row"] and got["query"] == 7
+        page.fill("#sample", "11")
+        page.click("#sample-run")
+        page.wait_for_function("window.__explore.input.sample === 11")
+        v = wait(page, v)
+        w11 = vit_weights(vit_explorer, {"sample": 11})
+        check_overlay(page, w11, 7)
+        a = vit_explorer.analyze(ids=vit_explorer.read_image(sample=11))
+        assert page.evaluate("window.__explore.prediction") == a["prediction"]
+        assert f"label {a['label']}" in page.inner_text("#vit-image-caption")
+        rows = page.eval_on_selector_all("#vit-prediction tr[data-class]", "rs => rs.length")
+        assert rows == 10
+        assert_not_blank(page.locator("#image-panel").screenshot())
+        assert_not_blank(page.screenshot(full_page=True))
+        page.fill("#sample", "100000")  # out of range: the server's message, in the page
+        page.click("#sample-run")
+        page.wait_for_function("window.__explore.error !== null")
+        assert "sample must be an integer in [0, 359)" in page.inner_text("#error")
+    finally:
+        page.close()
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_uploading_an_image(context: Any, vit_rgb_explorer: Explorer, tmp_path: Path) -> None:
+    from PIL import Image
+
+    png = tmp_path / "stripes.png"  # 48x32 RGB: the page crops the centre 32x32, scales to 16
+    Image.frombytes("RGB", (48, 32), bytes((x * 5 + y * 3 * c) % 256 for y in range(32)
+                    for x in range(48) for c in range(3))).save(png)  # fmt: skip
+    srv, url = serve(vit_rgb_explorer)
+    page = open_page(context)
+    try:
+        page.goto(url)
+        v = wait(page)
+        assert page.is_hidden("#sample-label")  # no data set: uploads only (a grey start image)
+        page.set_input_files("#upload", str(png))
+        page.wait_for_function(
+            "window.__explore.input && window.__explore.input.image !== undefined"
+            " && window.__explore.image.data[0] !== 128"
+        )
+        v = wait(page, v)
+        sent = page.evaluate("window.__explore.input")
+        assert sent["image"]["shape"] == [16, 16, 3]
+        pixels = vit_rgb_explorer.read_image(image=sent["image"]).pixels
+        assert len(set(pixels.flatten().tolist())) > 20  # the stripes, not one colour
+        shown = page.evaluate("Array.from(window.__explore.image.data)")
+        assert shown == pixels.flatten().float().tolist()
+        w = vit_weights(vit_rgb_explorer, sent)
+        check_overlay(page, w, "mean")  # a mean-pooled ViT starts with the mean query
+        page.select_option("#overlay-query", "cls")
+        v = wait(page, v)
+        check_overlay(page, w, 0)
+        assert_not_blank(page.locator("#image-panel").screenshot())
+    finally:
+        page.close()
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_static_export_of_a_vit(context: Any, vit_explorer: Explorer, tmp_path: Path) -> None:
+    file = tmp_path / "vit.html"
+    file.write_text(explore_html(vit_explorer, sample=4), encoding="utf-8")
+    page = open_page(context)
+    urls: list[str] = []
+    page.on("request", lambda r: urls.append(r.url))
+    try:
+        page.goto(file.as_uri())
+        v = wait(page)
+        assert page.evaluate("window.__explore.mode") == "static"
+        assert page.is_hidden("#image-controls")
+        w = vit_weights(vit_explorer, {"sample": 4})
+        check_overlay(page, w, 0)
+        page.select_option("#layer", "3")
+        page.select_option("#head", "1")
+        page.select_option("#query", "5")
+        page.select_option("#key", "9")
+        v = wait(page, v)
+        got = page.evaluate("window.__explore.neuron")
+        want = vit_explorer.neuron(vit_explorer.read_image(sample=4), 3, 1, 5, 9)
+        assert got["products"] == pytest.approx(want["products"], abs=1e-7)
+        assert got["weights_row"] == want["weights_row"]
+        page.select_option("#overlay-query", "query")
+        v = wait(page, v)
+        check_overlay(page, w, 5)
+        assert_not_blank(page.screenshot(full_page=True))
+        assert urls == [file.as_uri()], urls
+    finally:
+        page.close()

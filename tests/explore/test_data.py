@@ -143,6 +143,31 @@ def test_step_appends_the_argmax_or_a_seeded_draw(gpt_explorer: Explorer) -> Non
         step(gpt_explorer, full, Sampling(1.0), sample=False)
 
 
+@pytest.mark.parametrize("which", ["gpt_explorer", "llama_explorer"])
+def test_steps_carry_the_kv_cache(which: str, request: pytest.FixtureRequest) -> None:
+    """Ten greedy steps: each after the first runs one token with the cache of the step before
+    and picks the token a whole forward picks, with logits within 1e-5 of it; an edited input
+    runs whole; an input stepped from twice is answered from the cache."""
+    e: Explorer = request.getfixturevalue(which)
+    e.step_cache.entries.clear()
+    ids = e.encode("the cat") if e.tokenizer is not None else [5, 9, 2]
+    for n in range(10):
+        r = step(e, ids, Sampling(1.0), sample=False, n=100)
+        assert r["cache"] == ({"reused": 0, "computed": len(ids)} if n == 0 else
+                              {"reused": len(ids) - 1, "computed": 1})  # fmt: skip
+        whole = _logits(e, ids)
+        assert r["chosen"] == int(whole.argmax())
+        shown = {t["id"]: t["logit"] for t in r["next"]["top"]}
+        assert shown == pytest.approx({i: float(whole[i]) for i in shown}, abs=1e-5)
+        ids = r["ids"]
+    assert len(e.step_cache.entries) <= e.step_cache.size
+    edited = [ids[0], *ids[2:]]
+    assert step(e, edited, Sampling(1.0), sample=False)["cache"]["reused"] == 0
+    again = step(e, edited, Sampling(1.0), sample=False)
+    assert again["cache"] == {"reused": len(edited), "computed": 0}
+    assert again["chosen"] == int(_logits(e, edited).argmax())
+
+
 def test_lens_view_is_inspects_logit_lens(gpt_explorer: Explorer) -> None:
     ids = gpt_explorer.encode(TEXT)
     view = lens_view(gpt_explorer, ids, position=5, top=3)
@@ -221,8 +246,8 @@ def test_bounds_and_bad_input(gpt_explorer: Explorer) -> None:
         next_token(e, ids, Sampling(), n=500)
     with pytest.raises(ValueError, match="max_tokens must be a positive integer"):
         Limits(max_tokens=0)
-    with pytest.raises(TypeError, match="GPT, BERT and encoder-decoder models, got ViT"):
-        Explorer(build_model("vit-digits"))
+    with pytest.raises(TypeError, match="GPT, BERT, encoder-decoder and ViT models, got CCT"):
+        Explorer(build_model("cct-cifar", n_layers=1))
 
 
 def test_a_bert_has_no_next_token_view(bert_explorer: Explorer) -> None:

@@ -7,6 +7,8 @@
   beam); :mod:`~attnlab.explore.panels`: positional encodings and masks;
 - :mod:`~attnlab.explore.lm`: the next-token distribution (the library's processors), one
   generation step, the logit lens, ``[MASK]`` filling;
+- :mod:`~attnlab.explore.vision`: ViT models: an image (a data set's test sample or an upload)
+  as patch tokens, the attention over the patch grid, the prediction;
 - :mod:`~attnlab.explore.cost`: parameters, FLOPs and crossover lengths (:mod:`attnlab.analysis`);
 - :mod:`~attnlab.explore.server`: the local HTTP server (standard library only) and its JSON API;
 - :mod:`~attnlab.explore.page`: :func:`explore_html`, the self-contained static page.
@@ -18,5 +20,6 @@ fetched from elsewhere) is documented in ``docs/explore.md``.
 from attnlab.explore.data import Explorer, Limits, pack, unpack
 from attnlab.explore.page import explore_html
 from attnlab.explore.server import make_server
+from attnlab.explore.vision import ImageSpec
 
-__all__ = ["Explorer", "Limits", "explore_html", "make_server", "pack", "unpack"]
+__all__ = ["Explorer", "ImageSpec", "Limits", "explore_html", "make_server", "pack", "unpack"]

@@ -44,40 +44,45 @@ from attnlab.explore.common import (
     unpack,
 )
 from attnlab.explore.cost import cost_panel
-from attnlab.explore.lm import fill_mask, lens_view, next_token_view
+from attnlab.explore.lm import StepCache, fill_mask, lens_view, next_token_view
 from attnlab.explore.seq2seq import analyze_seq2seq
+from attnlab.explore.vision import ImageSpec, VisionInput, analyze_image, read_image
 from attnlab.inspect import run_with_cache
-from attnlab.models import BERT, GPT, EncoderDecoderTransformer
+from attnlab.models import BERT, GPT, EncoderDecoderTransformer, ViT
 from attnlab.viz.capture import attention_rollout
 
-FAMILIES = {GPT: "gpt", BERT: "bert", EncoderDecoderTransformer: "seq2seq"}
+FAMILIES = {GPT: "gpt", BERT: "bert", EncoderDecoderTransformer: "seq2seq", ViT: "vit"}
 
 
 class Explorer:
     """A model, its tokenizer and the input bounds; the views as JSON-able dicts.
 
     Args:
-        model: a :class:`~attnlab.models.GPT`, :class:`~attnlab.models.BERT` or
-            :class:`~attnlab.models.EncoderDecoderTransformer` (put in eval mode here).
+        model: a :class:`~attnlab.models.GPT`, :class:`~attnlab.models.BERT`,
+            :class:`~attnlab.models.EncoderDecoderTransformer` or :class:`~attnlab.models.ViT`
+            (put in eval mode here). A ViT's input is an image, not text
+            (:mod:`attnlab.explore.vision`).
         tokenizer: an attnlab tokenizer (``encode``/``decode``); ``None`` uses UTF-8 bytes when
             the vocabulary has at least 256 entries, else only ids are accepted.
         name: what the page calls the model.
         limits: the input bounds.
         default_text: the text the page starts with.
+        images: a ViT's :class:`~attnlab.explore.vision.ImageSpec` (default: from its config).
 
     Raises:
         TypeError: for another model family (naming the supported ones).
+        ValueError: for a ViT whose tokens per image pass ``limits.max_tokens``.
     """
 
     def __init__(
         self, model: nn.Module, tokenizer: Any = None, *, name: str = "model",
-        limits: Limits | None = None, default_text: str = "",
+        limits: Limits | None = None, default_text: str = "", images: ImageSpec | None = None,
     ) -> None:  # fmt: skip
         family = next((f for cls, f in FAMILIES.items() if isinstance(model, cls)), None)
         if family is None:
             raise TypeError(
-                f"the explorer shows GPT, BERT and encoder-decoder models, got "
-                f"{type(model).__name__} (ViT views are not built yet)"
+                f"the explorer shows GPT, BERT, encoder-decoder and ViT models, got "
+                f"{type(model).__name__}"
             )
         self.model = model.train(False)
         self.family = family
@@ -86,7 +91,7 @@ class Explorer:
         self.limits = limits or Limits()
         c: Any = model.config
         self.config: Any = c
-        if tokenizer is None and c.vocab_size >= 256:
+        if tokenizer is None and getattr(c, "vocab_size", 0) >= 256:
             tokenizer = ByteTokenizer()
         self.tokenizer = tokenizer
         backend = getattr(tokenizer, "backend", None)
@@ -95,6 +100,19 @@ class Explorer:
                 getattr(backend, method)()
         self.max_tokens = min(self.limits.max_tokens, int(c.max_seq_len))
         self.lock = threading.RLock()
+        self.step_cache = StepCache() if family == "gpt" else None
+        self.images: ImageSpec | None = None
+        self.max_body_bytes = self.limits.max_body_bytes
+        self.default_input: dict[str, Any] | None = None  # a ViT's first image (the page's)
+        if family == "vit":
+            self.images = images or ImageSpec.for_config(c)
+            if c.max_seq_len > self.limits.max_tokens:
+                raise ValueError(
+                    f"this ViT reads {c.max_seq_len} tokens per image ([CLS] and "
+                    f"{c.max_seq_len - 1} patches); max_tokens is {self.limits.max_tokens}: "
+                    f"raise it (attnlab explore --max-tokens {c.max_seq_len})"
+                )
+            self.max_body_bytes = max(self.max_body_bytes, self.images.body_bytes())
 
     # -- input -------------------------------------------------------------------------------
 
@@ -110,7 +128,7 @@ class Explorer:
             "n_kv_heads": c.n_kv_heads or c.n_heads,
             "d_model": c.d_model,
             "d_head": c.d_head,
-            "vocab_size": c.vocab_size,
+            "vocab_size": getattr(c, "vocab_size", None),
             "max_tokens": self.max_tokens,
             "max_body_bytes": self.limits.max_body_bytes,
             "max_top": self.limits.max_top,
@@ -123,7 +141,30 @@ class Explorer:
             "mask_token": self._mask_token(),
             "default_text": self.default_text,
             "pos_encoding": c.pos_encoding,
+            "vision": self._vision_info(),
+            "default_input": self.default_input,
         }
+
+    def _vision_info(self) -> dict[str, Any] | None:
+        spec = self.images
+        if spec is None:
+            return None
+        return {
+            "size": spec.size, "channels": spec.channels, "patch": spec.patch,
+            "grid": spec.grid, "dataset": spec.dataset, "classes": spec.classes,
+            "n_samples": spec.n_samples(), "pool": self.config.pool,
+        }  # fmt: skip
+
+    def read_image(self, image: Any = None, sample: Any = None) -> VisionInput:
+        """A ViT's input: an uploaded ``image`` or a test-split ``sample``
+        (:func:`attnlab.explore.vision.read_image`).
+
+        Raises:
+            ValueError, TypeError: for a model that is no ViT, or a bad image or index.
+        """
+        if self.images is None:
+            raise ValueError(f"images are for ViT models, not {self.family}: give text or ids")
+        return read_image(self.images, image, sample)
 
     def _mask_token(self) -> str | None:
         if self.family != "bert" or self.tokenizer is None:
@@ -204,12 +245,17 @@ class Explorer:
         c = self.config
         return int(c.num_decoder_layers if stack in ("decoder", "cross") else c.n_layers)
 
-    def inputs(self, ids: list[int], target: list[int] | None = None) -> tuple[Tensor, ...]:
-        """The forward's inputs: ``(ids,)``, or ``(src, tgt)`` (target default BOS alone).
+    def inputs(self, ids: Any, target: list[int] | None = None) -> tuple[Tensor, ...]:
+        """The forward's inputs: ``(ids,)``, or ``(src, tgt)`` (target default BOS alone), or a
+        ViT's ``(images,)`` for ``ids`` a :class:`~attnlab.explore.vision.VisionInput`.
 
         Shapes:
-            each ``(1, T)``.
+            each ``(1, T)``; a ViT's ``(1, C, H, W)``.
         """
+        if isinstance(ids, VisionInput):
+            if target is not None:
+                raise ValueError("a target is for encoder-decoder models")
+            return (ids.input,)
         if self.family != "seq2seq":
             if target is not None:
                 raise ValueError("a target is for encoder-decoder models")
@@ -217,7 +263,11 @@ class Explorer:
         tgt = [int(self.config.bos_id)] if target is None else target
         return torch.tensor([ids]), torch.tensor([tgt])
 
-    def _run(self, ids: list[int], names: Any, target: list[int] | None = None) -> tuple[Any, Any]:
+    def source_len(self, ids: Any) -> int:
+        """Tokens of an input: its ids, or a ViT image's [CLS] and patches."""
+        return int(self.config.max_seq_len) if isinstance(ids, VisionInput) else len(ids)
+
+    def _run(self, ids: Any, names: Any, target: list[int] | None = None) -> tuple[Any, Any]:
         with torch.no_grad():
             return run_with_cache(self.model, *self.inputs(ids, target), names=names)
 
@@ -233,17 +283,24 @@ class Explorer:
         return torch.stack([cache[f"layers.{i}.attn.weights"][0] for i in range(L)]).float()
 
     def analyze(
-        self, text: str | None = None, ids: Sequence[int] | None = None,
+        self, text: str | None = None, ids: Sequence[int] | VisionInput | None = None,
         target: list[int] | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         """Tokens, attention ``(L, H, T, T)``, rollout ``(L, T, T)`` (row ``l``: through layers
         ``0..l``), the cost panel and the family's prediction views, for one input (an
         encoder-decoder's source, ``target`` its decoder input:
-        :func:`attnlab.explore.seq2seq.analyze_seq2seq`).
+        :func:`attnlab.explore.seq2seq.analyze_seq2seq`; a ViT's image, ``ids`` a
+        :class:`~attnlab.explore.vision.VisionInput`: :func:`attnlab.explore.vision.analyze_image`).
 
         Raises:
             ValueError, TypeError: as :meth:`encode`.
         """
+        if isinstance(ids, VisionInput):
+            if self.images is None or text is not None or target is not None:
+                raise ValueError("an image is for a ViT, alone (no text, no target)")
+            return analyze_image(self, self.images, ids)
+        if self.family == "vit":
+            raise ValueError("a ViT reads an image: give 'image' or 'sample', not text or ids")
         if self.family == "seq2seq":
             return analyze_seq2seq(self, self.encode(text, ids), target)
         if target is not None:
@@ -272,7 +329,7 @@ class Explorer:
         return out
 
     def neuron(
-        self, ids: list[int], layer: int, head: int, query: int, key: int, *,
+        self, ids: Any, layer: int, head: int, query: int, key: int, *,
         stack: str = "self", target: list[int] | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         """Eq. (1) for one (layer, head, query, key): ``q_i k_i`` per dimension, their sum, the
@@ -286,8 +343,8 @@ class Explorer:
         if stack not in self.stacks():
             raise ValueError(f"unknown stack {stack!r}; this model has {', '.join(self.stacks())}")
         prefix, queries, keys = STACKS[stack]
-        tgt = self.inputs(ids, target)[-1][0].tolist()
-        length = {"source": len(ids), "target": len(tgt)}
+        tgt = self.inputs(ids, target)[-1][0]
+        length = {"source": self.source_len(ids), "target": len(tgt)}
         check_int("layer", layer, 0, self.n_layers(stack))
         check_int("head", head, 0, c.n_heads)
         check_int("query", query, 0, length[queries])
@@ -321,7 +378,7 @@ class Explorer:
             "weight": float(weights[head, query, key]),
         }  # fmt: skip
 
-    def qk(self, ids: list[int], target: list[int] | None = None) -> dict[str, Any]:
+    def qk(self, ids: Any, target: list[int] | None = None) -> dict[str, Any]:
         """Every layer's queries, keys and scores per stack (the static page's neuron view).
 
         Returns:

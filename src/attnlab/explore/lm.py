@@ -7,8 +7,11 @@ softmax; a temperature of 0 is greedy (all the probability on the arg-max), as i
 :func:`attnlab.generation.generate`. A step appends the arg-max or one seeded draw
 (:func:`attnlab.generation.processors.select_tokens`) of exactly that distribution.
 
-Deviation from the issue: a step recomputes the whole (bounded) input instead of carrying a KV
-cache between requests, so the server keeps no per-page state; the token chosen is the same.
+A GPT's steps carry a KV cache between requests (:class:`StepCache`): a step whose input
+extends the sequence a recent step ended on runs only the new tokens through the model, as
+:func:`attnlab.generate` does; an edited input (no cached prefix) is run whole. The token chosen
+is the same either way (``tests/explore/test_data.py`` compares them). An encoder-decoder's steps
+run the decoder input whole (its cross-attention cache is not kept between requests).
 
 Shapes: T tokens, V vocabulary, L layers.
 """
@@ -16,6 +19,8 @@ Shapes: T tokens, V vocabulary, L layers.
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +31,7 @@ from torch import Tensor
 from attnlab.explore.common import ExplorerState, check_int
 from attnlab.generation.processors import build_processors, select_tokens
 from attnlab.inspect import logit_lens
+from attnlab.layers import KVCache
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,45 @@ def last_logits(explorer: ExplorerState, ids: list[int], target: list[int] | Non
     return logits[0, -1].float()
 
 
+class StepCache:
+    """The KV caches of a GPT's last few generation steps, keyed by the sequence each holds.
+
+    :meth:`logits` finds the longest cached sequence that is a prefix of the input, runs only
+    the rest of the input through the model with that cache (extending it in place) and keeps
+    the result under the input. At most ``size`` sequences are kept (the least recently used
+    goes first), each a cache of ``max_tokens`` positions.
+    """
+
+    def __init__(self, size: int = 4) -> None:
+        self.size = size
+        self.entries: OrderedDict[tuple[int, ...], tuple[KVCache, Tensor]] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def logits(self, explorer: ExplorerState, ids: list[int]) -> tuple[Tensor, int]:
+        """The next-token logits ``(V,)`` after ``ids`` and how many of its tokens came from the
+        cache (``len(ids)`` when this very sequence was cached)."""
+        key = tuple(ids)
+        with explorer.lock, self.lock, torch.no_grad():
+            if key in self.entries:
+                self.entries.move_to_end(key)
+                return self.entries[key][1], len(ids)
+            prefix = max(
+                (k for k in self.entries if len(k) < len(key) and key[: len(k)] == k),
+                key=len, default=None,
+            )  # fmt: skip
+            if prefix is None:
+                cache, reused = explorer.model.new_cache(explorer.max_tokens), 0
+            else:
+                cache, reused = self.entries.pop(prefix)[0], len(prefix)
+            new = torch.tensor([ids[reused:]])  # (1, T_new)
+            logits, _ = explorer.model(new, cache=cache)  # (1, T_new, V)
+            last = logits[0, -1].float()
+            self.entries[key] = (cache, last)
+            while len(self.entries) > self.size:
+                self.entries.popitem(last=False)
+            return last, reused
+
+
 def _check_lm(explorer: ExplorerState, what: str) -> None:
     if explorer.family not in ("gpt", "seq2seq"):
         raise ValueError(f"{what} needs a language model, not {explorer.family}")
@@ -152,7 +197,11 @@ def step(
             f"the input has {len(grown)} tokens; one more would pass max_tokens="
             f"{explorer.max_tokens}"
         )
-    logits = last_logits(explorer, ids, target)
+    cached = getattr(explorer, "step_cache", None)
+    if cached is not None and target is None:
+        logits, reused = cached.logits(explorer, list(ids))
+    else:
+        logits, reused = last_logits(explorer, ids, target), 0
     view = next_token_view(explorer, logits, sampling, n)
     p = sampling.probs(logits)  # (V,)
     generator = torch.Generator().manual_seed(int(seed))
@@ -162,7 +211,10 @@ def step(
     tok = explorer.tokenizer
     text = tok.decode(decoded, skip_special_tokens=seq2seq) if tok is not None else None
     key = "target_ids" if seq2seq else "ids"
-    return {key: new, "tokens": explorer.tokens(new), "text": text, "chosen": token, "next": view}
+    return {
+        key: new, "tokens": explorer.tokens(new), "text": text, "chosen": token, "next": view,
+        "cache": {"reused": reused, "computed": len(grown) - reused},
+    }  # fmt: skip
 
 
 def lens_view(

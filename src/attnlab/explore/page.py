@@ -36,17 +36,28 @@ def embedded_json(data: Any) -> str:
 
 def explore_html(
     explorer: Explorer, text: str | None = None, *, ids: Sequence[int] | None = None,
-    target: str | None = None,
+    target: str | None = None, image: Any = None, sample: int | None = None,
 ) -> str:  # fmt: skip
     """The static explorer page for one input (exactly one of ``text`` and ``ids``; for an
-    encoder-decoder they are the source and ``target`` the decoder input after BOS).
+    encoder-decoder they are the source and ``target`` the decoder input after BOS; for a ViT
+    exactly one of ``image`` (``{"shape": [H, W, C], "data": base64 uint8}``) and ``sample``,
+    an index into its data set's test split).
 
     Raises:
-        ValueError, TypeError: as :meth:`~attnlab.explore.data.Explorer.encode`.
+        ValueError, TypeError: as :meth:`~attnlab.explore.data.Explorer.encode` (a ViT: as
+            :meth:`~attnlab.explore.data.Explorer.read_image`).
     """
     from attnlab.explore.seq2seq import encode_target
 
-    seq = explorer.encode(text, None if ids is None else list(ids))
+    seq: Any
+    if explorer.family == "vit":
+        if text is not None or ids is not None or target is not None:
+            raise ValueError("a ViT's page shows an image: give image or sample, not text")
+        seq = explorer.read_image(image, sample)
+    else:
+        if image is not None or sample is not None:
+            raise ValueError(f"image and sample are for ViT models, not {explorer.family}")
+        seq = explorer.encode(text, None if ids is None else list(ids))
     if target is not None and explorer.family != "seq2seq":
         raise ValueError("target is for encoder-decoder models")
     tgt = encode_target(explorer, target) if explorer.family == "seq2seq" else None
@@ -54,6 +65,7 @@ def explore_html(
         "info": explorer.info(),
         "text": text if text is not None else "",
         "target": target or "",
+        "input": {"sample": sample} if sample is not None else None,
         "analysis": explorer.analyze(ids=seq, target=tgt),
         "qk": explorer.qk(seq, tgt),
     }

@@ -10,9 +10,12 @@ Routes:
   the names present at start-up: any other path, ``..`` and encoded variants included, is 404);
 - ``GET /api/info``: sizes, capabilities and bounds;
 - ``POST /api/analyze`` ``{"text" | "ids"}``: tokens, attention, rollout, cost, predictions;
+  a ViT's input is ``{"image": {"shape", "data"}}`` or ``{"sample": N}`` here and in ``neuron``
+  (:mod:`attnlab.explore.vision`);
 - ``POST /api/neuron`` ``{"ids", "layer", "head", "query", "key"}``;
 - ``POST /api/next`` ``{"ids" | "text", "temperature", "top_k", "top_p", "min_p", "n"}``;
-- ``POST /api/step``: as ``next`` plus ``"sample"`` (bool) and ``"seed"``: appends one token;
+- ``POST /api/step``: as ``next`` plus ``"sample"`` (bool) and ``"seed"``: appends one token
+  (a GPT's steps reuse the KV cache of the sequence the last step ended on);
 - ``POST /api/lens`` ``{"ids" | "text", "position", "top"}``;
 - ``POST /api/translate`` ``{"ids" | "text", "num_beams", "max_new_tokens"}``: greedy vs beam;
 - every input of an encoder-decoder is its source, with ``"target"`` (text after BOS) or
@@ -59,7 +62,15 @@ class RequestError(Exception):
         self.status = status
 
 
-def _ids(explorer: Explorer, body: dict[str, Any]) -> list[int]:
+def _ids(explorer: Explorer, body: dict[str, Any]) -> Any:
+    """The request's input: token ids (from ``"text"`` or ``"ids"``), or a ViT's image (from
+    ``"image"`` or ``"sample"``)."""
+    if explorer.family == "vit":
+        if body.get("text") is not None or body.get("ids") is not None:
+            raise ValueError("a ViT reads an image: give 'image' or 'sample', not text or ids")
+        return explorer.read_image(body.get("image"), body.get("sample"))
+    if body.get("image") is not None:  # ("sample" is a step's sampling switch there)
+        raise ValueError(f"'image' is for ViT models, not {explorer.family}")
     return explorer.encode(body.get("text"), body.get("ids"))
 
 
@@ -74,7 +85,14 @@ def _target(explorer: Explorer, body: dict[str, Any]) -> list[int] | None:
 
 
 def _analyze(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
+    if explorer.family == "vit":
+        return explorer.analyze(ids=_ids(explorer, body))
     return explorer.analyze(body.get("text"), body.get("ids"), target=_target(explorer, body))
+
+
+def _language_model(explorer: Explorer, what: str) -> None:
+    if explorer.family not in ("gpt", "seq2seq"):
+        raise ValueError(f"{what} is for language models, not {explorer.family}")
 
 
 def _neuron(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
@@ -85,6 +103,7 @@ def _neuron(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _next(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
+    _language_model(explorer, "the next-token view")
     ids, target, sampling = (
         _ids(explorer, body),
         _target(explorer, body),
@@ -94,6 +113,7 @@ def _next(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _step(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
+    _language_model(explorer, "a generation step")
     sample, seed = body.get("sample", False), body.get("seed", 0)
     if not isinstance(sample, bool):
         raise ValueError(f"sample must be true or false, got {sample!r}")
@@ -229,7 +249,7 @@ class ExploreHandler(BaseHTTPRequestHandler):
             n = int(length)
         except ValueError:
             raise RequestError(HTTPStatus.BAD_REQUEST, f"bad Content-Length {length!r}") from None
-        limit = self.explorer.limits.max_body_bytes
+        limit = self.explorer.max_body_bytes
         if n < 0:
             raise RequestError(HTTPStatus.BAD_REQUEST, f"bad Content-Length {length!r}")
         if n > limit:

@@ -164,6 +164,10 @@ class ArrayImageDataset:
         seed: seeds the split.
         normalize: scale each image channel to zero mean, unit variance using train statistics.
 
+    Attributes:
+        mean, std: ``(1, C, 1, 1)`` the train statistics the images were normalised with (0 and
+            1 without ``normalize``).
+
     Raises:
         ValueError: for mismatched lengths, a bad rank, or a fraction out of range.
     """
@@ -200,10 +204,14 @@ class ArrayImageDataset:
                 f"out of {len(rest)}"
             )
         val, train = (rest[:n_val], rest[n_val:]) if n_val else (test, rest)
+        # (1, C, 1, 1): the train split's statistics (0 and 1 without normalize), so a caller
+        # can prepare a new image the way the split's images were (attnlab explore does)
+        self.mean = torch.zeros(1, x.shape[1], 1, 1)
+        self.std = torch.ones(1, x.shape[1], 1, 1)
         if normalize:
-            mean = x[train].mean(dim=(0, 2, 3), keepdim=True)  # (1, C, 1, 1)
-            std = x[train].std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
-            x = (x - mean) / std
+            self.mean = x[train].mean(dim=(0, 2, 3), keepdim=True)
+            self.std = x[train].std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
+            x = (x - self.mean) / self.std
         self.n_classes = int(y.max()) + 1
         self.splits: dict[str, tuple[Tensor, Tensor]] = {
             "train": (x[train], y[train]),

@@ -13,6 +13,7 @@
     info: null, ids: [], tokens: [], attention: null, rollout: null, qk: null,
     layer: 0, head: 0, query: 0, key: 0, stack: null, stacks: [], seqs: {}, target_ids: null, translation: null, rolloutLayer: 0, lensPosition: -1,
     head_weights: null, neuron: null, positional: null, masks: null, next: null, lens: null, cost: null, fill_mask: null,
+    input: null, image: null, vit: null, prediction: null,
   });
 
   // -- helpers -------------------------------------------------------------------------------
@@ -108,6 +109,7 @@
     return out;
   }
   function targetBody() { return S.info.seq2seq ? { target_ids: S.target_ids } : {}; }
+  function inputBody() { return S.info.vision ? S.input : { ids: S.ids, ...targetBody() }; }
 
   // -- head view ------------------------------------------------------------------------------
   function drawHead() {
@@ -153,6 +155,7 @@
     };
     for (let i = 0; i < n; i++) label(i, "q");
     for (let j = 0; j < m; j++) label(j, "k");
+    if (S.image) drawOverlay();
   }
   function focusLines(side, index) {
     for (const ln of $("head-view").querySelectorAll("line")) {
@@ -210,7 +213,7 @@
   async function drawNeuron() {
     const l = S.layer, h = S.head, i = S.query, j = S.key, tk = ticket("neuron");
     const N = S.mode === "static" ? neuronFromEmbedded(l, h, i, j)
-      : await api("/api/neuron", { ids: S.ids, ...targetBody(), stack: cur().name, layer: l, head: h, query: i, key: j });
+      : await api("/api/neuron", { ...inputBody(), stack: cur().name, layer: l, head: h, query: i, key: j });
     if (stale("neuron", tk)) return;
     S.neuron = N;
     const box = $("neuron");
@@ -270,6 +273,92 @@
     c.dataset.layer = String(l);
     let max = 0; for (let i = 0; i < n; i++) for (let j = 0; j < n; j++) max = Math.max(max, get(i, j));
     drawMatrix(c, (i, j) => get(i, j) / (max || 1), n);
+    if (S.image) drawOverlay();
+  }
+
+  // -- ViT: the image, the overlays, the prediction --------------------------------------------
+  function drawPixels(canvas, fade) {  // the image, nearest-neighbour scaled; fade: toward white
+    const I = S.image, [h, w, c] = I.shape, ctx = canvas.getContext("2d"), img = ctx.createImageData(w, h);
+    for (let y = 0; y < h; y++) for (let x = 0; x < w; x++) {
+      const o = 4 * (y * w + x), at = (y * w + x) * c;
+      for (let k = 0; k < 3; k++) {
+        const v = I.data[at + (c === 1 ? 0 : k)];
+        img.data[o + k] = Math.round(v + (255 - v) * fade);
+      }
+      img.data[o + 3] = 255;
+    }
+    const off = document.createElement("canvas"); off.width = w; off.height = h;
+    off.getContext("2d").putImageData(img, 0, 0);
+    ctx.imageSmoothingEnabled = false;
+    ctx.clearRect(0, 0, canvas.width, canvas.height);
+    ctx.drawImage(off, 0, 0, canvas.width, canvas.height);
+  }
+  function drawHeat(canvas, values, g) {  // the image faded, g x g cells heated from min (clear) to max
+    drawPixels(canvas, 0.6);
+    const ctx = canvas.getContext("2d"), cw = canvas.width / g, ch = canvas.height / g;
+    const lo = Math.min(...values), span = Math.max(...values) - lo || 1;
+    for (let p = 0; p < g * g; p++) {
+      const t = (values[p] - lo) / span;
+      ctx.fillStyle = `rgba(214,40,40,${(0.85 * t).toFixed(3)})`;
+      ctx.fillRect((p % g) * cw, Math.floor(p / g) * ch, cw, ch);
+    }
+  }
+  function patchRow(get) {  // the overlay's query: [CLS], the mean over patch queries, or S.query
+    const g = S.info.vision.grid, P = g * g, mode = $("overlay-query").value, out = [];
+    for (let p = 0; p < P; p++) {
+      if (mode === "mean") { let s = 0; for (let q = 1; q <= P; q++) s += get(q, 1 + p); out.push(s / P); }
+      else out.push(get(mode === "cls" ? 0 : S.query, 1 + p));
+    }
+    return out;
+  }
+  function drawOverlay() {
+    const g = S.info.vision.grid, n = T(), R = S.rollout.data, l = S.rolloutLayer;
+    const mode = $("overlay-query").value;
+    const attention = patchRow((q, k) => att(S.layer, S.head, q, k));
+    const rollout = patchRow((q, k) => R[(l * n + q) * n + k]);
+    const who = mode === "cls" ? "[CLS]" : mode === "mean" ? "the mean patch query" : `query ${shown(S.tokens[S.query].text)}`;
+    S.vit = { mode, query: mode === "query" ? S.query : mode, layer: S.layer, head: S.head, rollout_layer: l, grid: g, attention, rollout };
+    const a = $("vit-attention"), r = $("vit-rollout");
+    drawHeat(a, attention, g); drawHeat(r, rollout, g);
+    a.dataset.layer = String(S.layer); a.dataset.head = String(S.head); a.dataset.query = String(S.vit.query);
+    const range = (v) => `${fmt(Math.min(...v), 4)} (clear) to ${fmt(Math.max(...v), 4)} (red)`;
+    $("vit-attention-caption").textContent = `${who}'s attention over the patches, layer ${S.layer} head ${S.head}: ${range(attention)}`;
+    $("vit-rollout-caption").textContent = `rollout through layer ${l}, ${who}'s row: ${range(rollout)}`;
+  }
+  function drawVision(a) {
+    const u = unpack(a.image);
+    S.image = { shape: u.shape, data: u.data };
+    S.prediction = a.prediction;
+    drawPixels($("vit-image"), 0);
+    const top = a.prediction[0];
+    $("vit-image-caption").textContent = (a.sample !== null ? `test image ${a.sample}` : "uploaded image") +
+      (a.label !== null ? `, label ${S.info.vision.classes ? S.info.vision.classes[a.label] : a.label}` : "") + `; predicted ${top.name} (${fmt(top.prob, 3)})`;
+    const t = $("vit-prediction"); t.replaceChildren();
+    const head = el("tr", {}); for (const c of ["class", "logit", "probability", ""]) head.appendChild(el("th", {}, c));
+    t.appendChild(head);
+    for (const r of a.prediction.slice(0, 10)) {
+      const tr = el("tr", { "data-class": String(r.class), "data-prob": String(r.prob), "data-logit": String(r.logit) });
+      tr.appendChild(el("td", {}, r.name + (r.class === a.label ? " (label)" : "")));
+      tr.appendChild(el("td", { class: "num" }, fmt(r.logit, 3)));
+      tr.appendChild(el("td", { class: "num" }, fmt(r.prob, 4)));
+      const bar = el("td", {}); const b = el("span", { class: "bar" }); b.style.width = `${(240 * r.prob).toFixed(1)}px`;
+      bar.appendChild(b); tr.appendChild(bar);
+      t.appendChild(tr);
+    }
+  }
+  function base64(bytes) { let bin = ""; for (let i = 0; i < bytes.length; i++) bin += String.fromCharCode(bytes[i]); return btoa(bin); }
+  async function uploaded(file) {  // centre-crop to a square, scale to the model's size, send the pixels
+    const v = S.info.vision, bitmap = await createImageBitmap(file);
+    const side = Math.min(bitmap.width, bitmap.height), c = document.createElement("canvas");
+    c.width = v.size; c.height = v.size;
+    const ctx = c.getContext("2d");
+    ctx.drawImage(bitmap, (bitmap.width - side) / 2, (bitmap.height - side) / 2, side, side, 0, 0, v.size, v.size);
+    const rgba = ctx.getImageData(0, 0, v.size, v.size).data, bytes = new Uint8Array(v.size * v.size * v.channels);
+    for (let p = 0; p < v.size * v.size; p++) {
+      if (v.channels === 1) bytes[p] = Math.round(0.299 * rgba[4 * p] + 0.587 * rgba[4 * p + 1] + 0.114 * rgba[4 * p + 2]);
+      else for (let k = 0; k < 3; k++) bytes[3 * p + k] = rgba[4 * p + k];
+    }
+    await analyze({ image: { shape: [v.size, v.size, v.channels], data: base64(bytes) } });
   }
 
   // -- next token, lens, mask -----------------------------------------------------------------
@@ -430,11 +519,13 @@
     if (a.next) drawNext(a.next);
     if (a.lens) drawLens(a.lens);
     if (a.fill_mask) drawMask(a.fill_mask);
+    if (a.image) { drawVision(a); drawOverlay(); }
   }
   async function analyze(body) {
     const tk = ticket("analyze");
     const a = await api("/api/analyze", body);
     if (stale("analyze", tk)) return;
+    if (S.info.vision) S.input = body;
     render(a);
     await drawNeuron();
   }
@@ -477,12 +568,35 @@
     $("mask-panel").hidden = !info.masked_lm;
     $("text").readOnly = S.mode === "static" || !info.text_input;
     $("position-panel").hidden = S.mode === "static";
+    const vision = info.vision;
+    $("image-panel").hidden = !vision;
+    $("input-panel").hidden = !!vision;
+    if (vision) {
+      $("model-info").textContent += `; ${vision.size}x${vision.size}x${vision.channels} images, ${vision.patch}x${vision.patch} patches (${vision.grid}x${vision.grid}), ${vision.pool} pooling`;
+      $("overlay-query").value = vision.pool === "mean" ? "mean" : "cls";
+      $("overlay-query").addEventListener("change", () => guard(async () => drawOverlay()));
+      $("vit-image").addEventListener("click", (ev) => {
+        const c = $("vit-image"), box = c.getBoundingClientRect(), g = vision.grid;
+        const col = Math.min(g - 1, Math.floor((ev.clientX - box.left) / box.width * g));
+        const row = Math.min(g - 1, Math.floor((ev.clientY - box.top) / box.height * g));
+        S.query = 1 + row * g + col; $("query").value = String(S.query); $("overlay-query").value = "query";
+        guard(async () => { drawHead(); await drawNeuron(); });
+      });
+      $("image-controls").hidden = S.mode === "static";
+      $("sample-label").hidden = !vision.n_samples; $("sample-run").hidden = !vision.n_samples;
+      $("sample").max = String(Math.max(0, vision.n_samples - 1));
+      $("sample-count").textContent = vision.n_samples ? `of ${vision.n_samples} (${vision.dataset} test split)` : "";
+    }
     if (S.mode === "static") {
       $("run").hidden = true; $("static-note").hidden = false;
       $("lens-position").disabled = true;
       return;
     }
     setupPanels(info);
+    if (vision) {
+      $("sample-run").addEventListener("click", () => guard(() => analyze({ sample: parseInt($("sample").value, 10) })));
+      $("upload").addEventListener("change", () => guard(async () => { const f = $("upload").files[0]; if (f) await uploaded(f); }));
+    }
     $("run").addEventListener("click", () => guard(() => analyze(info.seq2seq ? { text: $("text").value, target: $("target").value } : { text: $("text").value })));
     $("translate-run").addEventListener("click", () => guard(async () => {
       const r = await api("/api/translate", { ids: S.ids, num_beams: parseInt($("beams").value, 10) });
@@ -523,7 +637,12 @@
     const info = await api("/api/info");
     setup(info);
     $("text").value = info.default_text || "";
-    if (info.text_input && $("text").value) await analyze(info.seq2seq ? { text: $("text").value, target: "" } : { text: $("text").value });
+    if (info.vision) {
+      const v = info.vision, grey = () => base64(new Uint8Array(v.size * v.size * v.channels).fill(128));
+      const first = info.default_input || (v.n_samples ? { sample: 0 } : { image: { shape: [v.size, v.size, v.channels], data: grey() } });
+      if (first.sample !== undefined) $("sample").value = String(first.sample);
+      await analyze(first);
+    } else if (info.text_input && $("text").value) await analyze(info.seq2seq ? { text: $("text").value, target: "" } : { text: $("text").value });
     else if (!info.text_input) await analyze({ ids: [0, 1, 2, 3] });
     await drawPositional();
     await drawMasks();
