@@ -46,6 +46,7 @@ from attnlab import (
     viz,
 )
 from attnlab import analysis as an
+from attnlab import explore as EX
 from attnlab import generation as G
 from attnlab import layers as L
 from attnlab import tokenizers as TK
@@ -53,6 +54,8 @@ from attnlab import training as TR
 from attnlab.analysis import memory_check as mc
 from attnlab.cli import main as cli_main
 from attnlab.config import config_from_dict
+from attnlab.explore import lm as EXLM
+from attnlab.explore import panels as EXP
 from attnlab.generation import ContextLengthError
 from attnlab.generation.processors import NonFiniteLogitsError
 from attnlab.interop import CheckpointMismatchError, load_tokenizer, save_hf
@@ -128,6 +131,21 @@ def model(name: str) -> Any:
     config = {"gpt": TINY_GPT, "bert": TINY_BERT, "vit": TINY_VIT, "transformer": TINY_TR,
               "mamba": TINY_MAMBA, "rnn": TINY_RNN}[name]  # fmt: skip
     return build_model(config).eval()
+
+
+@functools.cache
+def explorer(name: str) -> Any:
+    """Explorers of tiny random models for the ``explore`` rows (a GPT with ``max_tokens`` 8)."""
+    torch.manual_seed(0)
+    if name == "gpt":
+        return EX.Explorer(
+            build_model("gpt-char-baby", n_layers=1, vocab_size=32), limits=EX.Limits(max_tokens=8)
+        )
+    if name == "vit":
+        return EX.Explorer(build_model("vit-digits", n_layers=1))
+    if name == "big-vit":
+        return EX.Explorer(build_model("vit-digits", n_layers=1, image_size=32, patch_size=2))
+    return EX.Explorer(build_model("cct-cifar", n_layers=1))
 
 
 def gpt_cfg(**kw: Any) -> GPTConfig:
@@ -663,6 +681,23 @@ ROWS: list[Row] = [
     Row("training", "translation.load_pairs", "a truncated .gz data file", lambda: load_pairs("m30k_truncated", "train", "de", "en"), ValueError),
     Row("cli", "attnlab analyze", "a config file nested 100,000 levels deep", lambda: cli("analyze", "ckpt/deep_config/config.json"), CLIExitError),
     Row("cli", "attnlab train translate", "a truncated .gz data file", lambda: cli("train", "translate", "--data", "m30k_truncated", "--max-steps", "1", "--out", "runs/m30k"), CLIExitError),
+    Row("explore", "Explorer", "a model family it does not show (CCT)", lambda: explorer("cct"), TypeError),
+    Row("explore", "Explorer", "a ViT with more tokens per image than max_tokens", lambda: explorer("big-vit"), ValueError),
+    Row("explore", "Limits", "max_tokens = 0", lambda: EX.Limits(max_tokens=0), ValueError),
+    Row("explore", "Explorer.encode", "more tokens than max_tokens", lambda: explorer("gpt").encode(ids=[1] * 9), ValueError),
+    Row("explore", "Explorer.encode", "an id outside the vocabulary", lambda: explorer("gpt").encode(ids=[1, 99]), ValueError),
+    Row("explore", "Explorer.encode", "ids that are not a list", lambda: explorer("gpt").encode(ids="123"), TypeError),
+    Row("explore", "Explorer.neuron", "a head out of range", lambda: explorer("gpt").neuron([1, 2], 0, 9, 0, 0), ValueError),
+    Row("explore", "Explorer.read_image", "an image of another size", lambda: explorer("vit").read_image(image={"shape": [9, 8, 1], "data": ""}), ValueError),
+    Row("explore", "Explorer.read_image", "image data that is not base64", lambda: explorer("vit").read_image(image={"shape": [8, 8, 1], "data": "!!!!"}), ValueError),
+    Row("explore", "Explorer.read_image", "a sample index out of range", lambda: explorer("vit").read_image(sample=10**6), ValueError),
+    Row("explore", "Explorer.read_image", "an image for a GPT", lambda: explorer("gpt").read_image(sample=0), ValueError),
+    Row("explore", "lm.Sampling.from_request", "temperature -1", lambda: EXLM.Sampling.from_request({"temperature": -1}), ValueError),
+    Row("explore", "lm.Sampling.from_request", "top_p 0", lambda: EXLM.Sampling.from_request({"top_p": 0}), ValueError),
+    Row("explore", "panels.positional_view", "an unknown kind", lambda: EXP.positional_view("spiral"), ValueError),
+    Row("cli", "attnlab explore", "a port out of range", lambda: cli("explore", "gpt-char-baby", "--port", "70000"), CLIExitError),
+    Row("cli", "attnlab explore", "--html without --text", lambda: cli("explore", "gpt-char-baby", "--html", "x.html"), CLIExitError),
+    Row("cli", "attnlab explore", "text for a ViT", lambda: cli("explore", "vit-digits", "--text", "hi", "--html", "x.html"), CLIExitError),
 ]
 # fmt: on
 
@@ -727,7 +762,8 @@ def documented() -> dict[str, tuple[str, str]]:
 def test_rows_are_unique_and_every_area_is_covered() -> None:
     keys = [r.key for r in ROWS]
     assert len(keys) == len(set(keys)), [k for k in keys if keys.count(k) > 1]
-    areas = {"layers", "models", "checkpoints", "analysis", "viz", "training", "generation", "cli"}
+    areas = {"layers", "models", "checkpoints", "analysis", "viz", "training", "generation", "cli",
+             "explore"}  # fmt: skip
     assert {r.area for r in ROWS} == areas
 
 
