@@ -208,7 +208,7 @@ def plot_heads(example: dict[str, Any], heads: list[dict[str, Any]], path: Any =
             ax.set_xticks([])
             ax.set_yticks([])
     fig.suptitle(f"rows: queries, columns: keys — {example['source']!r}", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.985))
     if path is not None:
         fig.savefig(path)
     return fig
@@ -233,7 +233,9 @@ def write_report(result: dict[str, Any], out: Path) -> None:
         f"`{result['command']}` on {result['host']}, {result['date']} ({result['seconds']:.0f} s).",
         "",
         f"Model: `{result['model_dir']}` ({result['n_params']:,} parameters, "
-        f"{result['train_steps']} training steps). Scores averaged over the first "
+        f"{result['train_steps']} training steps; at export: "
+        + ", ".join(f"{k} {v:.3f}" for k, v in result["model_val"].items())
+        + "). Scores averaged over the first "
         f"{result['n_sentences']} pairs of the {result['split']} split, teacher-forced.",
         "",
         "| stack | layer | head | label | " + " | ".join(SCORE_NAMES) + " |",
@@ -273,8 +275,6 @@ def main() -> None:
     pairs = load_pairs(opts["data"], args.split, opts.get("src", "de"), opts.get("tgt", "en"),
                        limit=args.sentences)  # fmt: skip
     result = analyse(tr.model, tr.tokenizer, pairs)
-    metrics = [json.loads(x) for x in (args.run_dir / "metrics.jsonl").read_text().splitlines()]
-    evals = [m for m in metrics if m.get("split") == "val"]
     result.update(
         {
             "command": "python benchmarks/course_translation_heads.py " + " ".join(sys.argv[1:]),
@@ -285,8 +285,8 @@ def main() -> None:
             "model_dir": str(tr.path),
             "run_command": record.get("sessions", [{}])[0].get("command", ""),
             "n_params": sum(p.numel() for p in tr.model.parameters()),
-            "train_steps": max((m.get("step", 0) for m in metrics), default=0),
-            "last_val": evals[-1] if evals else None,
+            "train_steps": tr.info.get("step"),  # the exported model's step
+            "model_val": {k: v for k, v in tr.info.items() if k.startswith("val_")},
             "split": args.split,
             "thresholds": THRESHOLDS,
             "example": example_maps(tr.model, tr.tokenizer, *pairs[args.example]),
