@@ -238,7 +238,9 @@ def test_bad_layer_arguments() -> None:
         enc_layer(E, H, F_DIM, norm_position="middle")
     with pytest.raises(ValueError, match=r"n_heads=5 must divide d_model=16"):
         enc_layer(E, 5, F_DIM)
-    with pytest.raises(ValueError, match=r"unknown norm 'groupnorm'; valid: layernorm, rmsnorm"):
+    with pytest.raises(
+        ValueError, match=r"unknown norm 'groupnorm'; valid: batchnorm, layernorm, rmsnorm"
+    ):
         dec_layer(E, H, F_DIM, norm="groupnorm")
     with pytest.raises(ValueError, match=r"unknown activation 'mish'; valid: .*swiglu"):
         dec_layer(E, H, F_DIM, activation="mish")

@@ -12,6 +12,7 @@ from torch import nn
 from attnlab.layers import (
     ACTIVATIONS,
     NORMS,
+    BatchNorm,
     FeedForward,
     LayerNorm,
     RMSNorm,
@@ -109,9 +110,55 @@ def test_rmsnorm_formula_and_dtype() -> None:
 
 
 def test_norm_registry() -> None:
-    assert set(NORMS.keys()) == {"layernorm", "rmsnorm"}
+    assert set(NORMS.keys()) == {"layernorm", "rmsnorm", "batchnorm"}
     assert isinstance(build_norm("rmsnorm", 4, bias=True), RMSNorm)
     ln = build_norm("layernorm", 4, eps=1e-3, bias=False)
     assert isinstance(ln, LayerNorm) and ln.bias is None and ln.eps == 1e-3
-    with pytest.raises(ValueError, match=r"unknown norm 'batchnorm'; valid: layernorm, rmsnorm"):
-        build_norm("batchnorm", 4)
+    bn = build_norm("batchnorm", 4, eps=1e-3, bias=False)
+    assert isinstance(bn, BatchNorm) and bn.bias is None and bn.eps == 1e-3
+    with pytest.raises(ValueError, match=r"unknown norm 'groupnorm'; valid: "):
+        build_norm("groupnorm", 4)
+
+
+def test_batchnorm_is_batchnorm1d_over_the_tokens() -> None:
+    """BatchNorm of (B, T, E) = nn.BatchNorm1d on the (B·T, E) tokens: the batch statistics in
+    training (running averages updated the same way), the running ones in eval mode."""
+    ours, ref = BatchNorm(6), nn.BatchNorm1d(6)
+    with torch.no_grad():
+        ours.weight.normal_()
+        ours.bias.normal_()  # type: ignore[union-attr]
+        ref.weight.copy_(ours.weight)
+        ref.bias.copy_(ours.bias)  # type: ignore[arg-type]
+    for _ in range(3):
+        x = torch.randn(4, 5, 6) * 3 + 1
+        torch.testing.assert_close(ours(x), ref(x.reshape(-1, 6)).reshape(4, 5, 6))
+    torch.testing.assert_close(ours.running_mean, ref.running_mean)
+    torch.testing.assert_close(ours.running_var, ref.running_var)
+    ours.eval(), ref.eval()
+    x = torch.randn(2, 3, 6)
+    torch.testing.assert_close(ours(x), ref(x.reshape(-1, 6)).reshape(2, 3, 6))
+    # in training, a sequence's output depends on the rest of the batch; in eval it does not
+    ours.train()
+    alone, batched = ours(x[:1]), ours(torch.cat([x[:1], 10 * x[1:]]))[:1]
+    assert not torch.allclose(alone, batched)
+    ours.eval()
+    torch.testing.assert_close(ours(x[:1]), ours(torch.cat([x[:1], 10 * x[1:]]))[:1])
+    with pytest.raises(ValueError, match=r"BatchNorm\(6\) needs inputs"):
+        ours(torch.randn(2, 5))
+
+
+def test_a_gpt_trains_and_counts_with_batchnorm() -> None:
+    from attnlab.analysis import count_params
+    from attnlab.models import build_model
+    from attnlab.models.gpt import GPTConfig
+
+    cfg = GPTConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=2, d_ff=32, max_seq_len=8,
+                    norm="batchnorm", dropout=0.0, eos_id=None)  # fmt: skip
+    model = build_model(cfg)
+    assert count_params(cfg) == sum(p.numel() for p in model.parameters())
+    ids = torch.randint(0, 11, (3, 8))
+    _, loss = model(ids, targets=ids)
+    assert loss is not None and torch.isfinite(loss)
+    loss.backward()
+    model.eval()
+    assert torch.isfinite(model(ids)[0]).all()

@@ -273,7 +273,10 @@ def test_transformer_base_parameter_count() -> None:
         ({"pos_encoding": "xpos"}, r"pos_encoding='xpos' is not valid; choose one of .*'alibi'"),
         ({"attn_backend": "flash"}, r"attn_backend='flash' is not valid; .*'math', 'sdpa'"),
         ({"activation": "tanh"}, r"activation='tanh' is not valid; .*'swiglu'"),
-        ({"norm": "batchnorm"}, r"norm='batchnorm' is not valid; .*'layernorm', 'rmsnorm'"),
+        (
+            {"norm": "groupnorm"},
+            r"norm='groupnorm' is not valid; .*'layernorm', 'rmsnorm', 'batchnorm'",
+        ),
         ({"norm_position": "mid"}, r"norm_position='mid' is not valid"),
         ({"dropout": 1.0}, r"dropout must be in \[0, 1\), got 1.0"),
         ({"d_model": 0}, r"d_model must be positive, got 0"),

@@ -51,8 +51,8 @@ def linear_params(d_in: int, d_out: int, bias: bool = True) -> int:
 
 
 def norm_params(d_model: int, norm: str = "layernorm", bias: bool = True) -> int:
-    """LayerNorm (weight + optional bias) or RMSNorm (weight only)."""
-    return d_model * (2 if norm == "layernorm" and bias else 1)
+    """LayerNorm or BatchNorm (weight + optional bias) or RMSNorm (weight only)."""
+    return d_model * (2 if norm in ("layernorm", "batchnorm") and bias else 1)
 
 
 def attention_params(

@@ -33,7 +33,7 @@ from attnlab.layers.masks import (
 from attnlab.layers.moe import MoEFeedForward
 from attnlab.layers.moe_stats import collect_moe_stats
 from attnlab.layers.multihead import MultiHeadAttention
-from attnlab.layers.norm import NORMS, LayerNorm, RMSNorm, build_norm
+from attnlab.layers.norm import NORMS, BatchNorm, LayerNorm, RMSNorm, build_norm
 from attnlab.layers.positional import (
     POSITIONAL_ENCODINGS,
     ALiBi,
@@ -54,6 +54,7 @@ __all__ = [
     "NORMS",
     "POSITIONAL_ENCODINGS",
     "ALiBi",
+    "BatchNorm",
     "ChunkedAttention",
     "CrossKVCache",
     "DecoderLayer",

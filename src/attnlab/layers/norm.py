@@ -1,7 +1,11 @@
-"""Normalisation layers: LayerNorm (Ba et al., the paper's choice) and RMSNorm (Zhang & Sennrich).
+"""Normalisation layers: LayerNorm (Ba et al., the paper's choice), RMSNorm (Zhang & Sennrich)
+and, for comparison only, BatchNorm (Ioffe & Szegedy) over the feature dim.
 
 LayerNorm: y = (x - mean) / sqrt(var + eps) · γ + β over the last dim.
 RMSNorm:   y = x / sqrt(mean(x²) + eps) · γ (no centring, no bias); computed in float32.
+BatchNorm: the same formula as LayerNorm, but the mean and variance of each feature are taken
+           over every other dim (the batch *and* the tokens) in training, and are the running
+           averages of those statistics in eval mode. No padding mask: padded tokens count.
 
 Shapes: (..., E) -> (..., E).
 """
@@ -53,14 +57,46 @@ class RMSNorm(nn.Module):
         return (y * self.weight.float()).to(x.dtype)
 
 
-NORMS: Registry[type[LayerNorm] | type[RMSNorm]] = Registry("norm")
+class BatchNorm(nn.Module):
+    """Batch normalisation of each feature over the batch and the tokens (``(..., E)`` inputs).
+
+    For the LayerNorm-vs-BatchNorm comparison (docs/course): in training a token's output depends
+    on the other sequences of the batch (and, in a causal LM, on later tokens of its own), and
+    eval mode uses running statistics instead, so the two modes disagree.
+    """
+
+    def __init__(
+        self, d_model: int, *, eps: float = 1e-5, bias: bool = True, momentum: float = 0.1
+    ) -> None:
+        super().__init__()
+        self.eps, self.momentum = eps, momentum
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None
+        self.register_buffer("running_mean", torch.zeros(d_model))
+        self.register_buffer("running_var", torch.ones(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        _check_last_dim(x, self.weight.shape[0], "BatchNorm")
+        flat = x.reshape(-1, x.shape[-1])  # (N, E): every token of the batch is one sample
+        y = F.batch_norm(
+            flat, self.running_mean, self.running_var, self.weight, self.bias,
+            training=self.training, momentum=self.momentum, eps=self.eps,
+        )  # fmt: skip
+        return y.reshape(x.shape)
+
+
+NORMS: Registry[type[LayerNorm] | type[RMSNorm] | type[BatchNorm]] = Registry("norm")
 NORMS.add("layernorm", LayerNorm)
 NORMS.add("rmsnorm", RMSNorm)
+NORMS.add("batchnorm", BatchNorm)
 
 
 def build_norm(name: str, d_model: int, *, eps: float = 1e-5, bias: bool = True) -> nn.Module:
-    """Build a registered norm (``"layernorm"`` or ``"rmsnorm"``; RMSNorm ignores ``bias``)."""
+    """Build a registered norm (``"layernorm"``, ``"rmsnorm"`` or ``"batchnorm"``; RMSNorm
+    ignores ``bias``)."""
     cls = NORMS.get(name)
     if cls is RMSNorm:
         return RMSNorm(d_model, eps=eps)
+    if cls is BatchNorm:
+        return BatchNorm(d_model, eps=eps, bias=bias)
     return LayerNorm(d_model, eps=eps, bias=bias)

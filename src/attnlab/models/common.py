@@ -55,7 +55,7 @@ class StackConfig(Config):
     d_ff: int = 2048
     dropout: float = 0.1  # embedding and residual dropout (§5.4)
     attn_dropout: float | None = None  # on the attention weights; None: same as dropout
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm: Literal["layernorm", "rmsnorm", "batchnorm"] = "layernorm"  # batchnorm: comparison
     norm_eps: float = 1e-5
     norm_position: Literal["pre", "post"] = "post"
     final_norm: bool | None = None  # a norm after the last layer; None: only with pre-norm

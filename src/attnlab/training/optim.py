@@ -23,13 +23,14 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 from attnlab.layers.embedding import TokenEmbedding
-from attnlab.layers.norm import LayerNorm, RMSNorm
+from attnlab.layers.norm import BatchNorm, LayerNorm, RMSNorm
 from attnlab.layers.positional import LearnedPositionalEmbedding
 from attnlab.training.config import TrainConfig
 from attnlab.training.schedules import lambda_lr, make_schedule
 
 _EMBEDDINGS = (nn.Embedding, TokenEmbedding, LearnedPositionalEmbedding)
-_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, LayerNorm, RMSNorm)
+_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, LayerNorm, RMSNorm,
+          BatchNorm)  # fmt: skip
 _EMBEDDING_NAMES = ("cls_token",)
 
 
