@@ -13,9 +13,11 @@ drives the page as a reader would and writes one PNG per view:
     docs/images/explore_next.png     next-token distribution (the LM, temperature 0.8)
     docs/images/explore_lens.png     logit lens (the LM)
     docs/images/explore_vit.png      a ViT's image panel (--vit: a digits run; test image 3)
+    docs/images/explore_translate.png  a translation model (--mt: a translate run): one head's
+                                     cross-attention and greedy vs beam
 
     python benchmarks/explore_screenshots.py [--lm runs/inspect-char] [--vit runs/digits-vit]
-        [--only encoder,lm,vit] [--out docs/images]
+        [--mt runs/de-en-600] [--only encoder,lm,vit,mt] [--out docs/images]
 """
 
 from __future__ import annotations
@@ -103,6 +105,27 @@ def vit_views(page: Any, url: str, out: Path, sample: int = 3) -> None:
     page.locator("#image-panel").screenshot(path=str(out / "explore_vit.png"))
 
 
+def mt_views(page: Any, url: str, out: Path, text: str) -> None:
+    page.goto(url)
+    v = wait(page, 0)
+    page.fill("#text", text)
+    page.click("#run")
+    v = wait(page, v)
+    page.click("#translate-run")
+    page.wait_for_function("window.__explore.translation !== null")
+    v = wait(page, v)
+    greedy = page.evaluate("window.__explore.translation.greedy.text")
+    page.fill("#target", greedy)
+    page.click("#run")
+    v = wait(page, v)
+    page.select_option("#stack", "cross")
+    last = int(page.evaluate("window.__explore.info.n_decoder_layers")) - 1
+    page.select_option("#layer", str(last))
+    v = wait(page, v)
+    page.locator("#tokens-panel").screenshot(path=str(out / "explore_translate_cross.png"))
+    page.locator("#translate-panel").screenshot(path=str(out / "explore_translate.png"))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--encoder", help="encoder model directory (default: the MiniLM package's)")
@@ -111,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         "--lm-text", default="ROMEO:\nWhat light through yonder window breaks? It is the eas"
     )
     p.add_argument("--vit", help="a ViT run or model directory (default: the vit-digits preset)")
+    p.add_argument("--mt", help="a translation run or model directory (the mt page)")
+    p.add_argument("--mt-text", default="Ein Mann mit einem Hut spielt Gitarre auf der Straße.")
     p.add_argument("--only", default="encoder,lm,vit", help="which pages (comma-separated)")
     p.add_argument("--out", default="docs/images")
     p.add_argument("--chromium", default="/usr/bin/chromium")
@@ -134,10 +159,13 @@ def main(argv: list[str] | None = None) -> int:
             ("encoder", encoder, lambda page, url: encoder_views(page, url, out)),
             ("lm", args.lm, lambda page, url: lm_views(page, url, out, args.lm_text)),
             ("vit", args.vit or "vit-digits", lambda page, url: vit_views(page, url, out)),
+            ("mt", args.mt, lambda page, url: mt_views(page, url, out, args.mt_text)),
         ]
         for name, model, views in pages:
             if name not in only:
                 continue
+            if model is None:
+                raise SystemExit(f"--only {name} needs --{name}")
             srv, url = serve(str(model))
             try:
                 page = ctx.new_page()
