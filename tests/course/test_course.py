@@ -123,3 +123,27 @@ def test_page_runs(page: Path, tmp_path: Path) -> None:
         timeout=PAGE_SECONDS,
     )
     assert proc.returncode == 0, f"{rel} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+
+
+def test_the_paper_map_links_existing_pages() -> None:
+    """docs/paper_map.md's course table links each paper section to pages that exist."""
+    text = (dc.ROOT / "docs" / "paper_map.md").read_text(encoding="utf-8")
+    section = text.split("## The paper in the course", 1)[1]
+    links = re.findall(r"\]\((course/[\w/.-]+\.md)\)", section)
+    assert len(links) >= 20
+    for link in links:
+        assert (dc.ROOT / "docs" / link).exists(), f"docs/paper_map.md links a missing {link}"
+    for sec in (
+        "§3.1",
+        "§3.2.1",
+        "§3.2.2",
+        "§3.2.3",
+        "§3.3",
+        "§3.4",
+        "§3.5",
+        "§4",
+        "§5.3",
+        "§5.4",
+        "§6.1",
+    ):
+        assert f"| {sec}" in section, f"no course page for the paper's {sec}"
