@@ -63,6 +63,9 @@ class BatchNorm(nn.Module):
     For the LayerNorm-vs-BatchNorm comparison (docs/course): in training a token's output depends
     on the other sequences of the batch (and, in a causal LM, on later tokens of its own), and
     eval mode uses running statistics instead, so the two modes disagree.
+
+    Shapes:
+        x ``(..., E)`` -> ``(..., E)``; the statistics are over every position of ``x``.
     """
 
     def __init__(
@@ -72,6 +75,8 @@ class BatchNorm(nn.Module):
         self.eps, self.momentum = eps, momentum
         self.weight = nn.Parameter(torch.ones(d_model))
         self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None
+        self.running_mean: Tensor
+        self.running_var: Tensor
         self.register_buffer("running_mean", torch.zeros(d_model))
         self.register_buffer("running_var", torch.ones(d_model))
 
