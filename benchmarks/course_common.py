@@ -8,10 +8,13 @@ d_model 128, context 64, batch 12, AdamW) with a few fields changed, trained by 
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import math
 import os
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -137,6 +140,27 @@ def smooth(values: list[float], every: int) -> list[float]:
 
 def finite(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else x
+
+
+def parse(
+    script: str, doc: str, steps: int, argv: list[str] | None,
+    extra: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> tuple[argparse.Namespace, int, str]:  # fmt: skip
+    """The command line every course benchmark shares (``--steps``, ``--smoke``, plus ``extra``'s
+    arguments): ``(args, steps to train, the command as it ran)``. ``--smoke`` trains 4 steps
+    and sends the results to a temporary folder instead of ``RESULTS``."""
+    global RESULTS
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--smoke", action="store_true")
+    if extra is not None:
+        extra(p)
+    args = p.parse_args(argv)
+    if args.smoke:
+        RESULTS = Path(tempfile.mkdtemp(prefix="course_smoke_"))
+    given = " ".join(argv if argv is not None else sys.argv[1:])
+    command = f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} python {script} {given}"
+    return args, 4 if args.smoke else args.steps, command.strip()
 
 
 def meta(command: str) -> dict[str, Any]:

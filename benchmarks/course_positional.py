@@ -25,13 +25,9 @@ Writes ``benchmarks/results/course/course_positional.{json,md}``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import course_common as cc
@@ -122,24 +118,21 @@ def markdown(data: dict[str, Any], smoke: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--smoke", action="store_true")
-    p.add_argument("rows", nargs="*", choices=[*ROWS, []], help="default: all; others are kept")
-    args = p.parse_args(argv)
-    steps = 4 if args.smoke else args.steps
-    if args.smoke:
-        cc.RESULTS = Path(tempfile.mkdtemp(prefix="course_smoke_"))
-    command = (
-        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} python "
-        f"benchmarks/course_positional.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    args, steps, command = cc.parse(
+        "benchmarks/course_positional.py",
+        __doc__,
+        400,
+        argv,
+        lambda p: p.add_argument(
+            "rows", nargs="*", choices=[*ROWS, []], help="default: all; others are kept"
+        ),
     )
     old = cc.RESULTS / "course_positional.json"
     data: dict[str, Any] = {"rows": {}, "wall_s": 0.0}
     if args.rows and old.is_file():  # add or redo these rows, keep the others
         data = json.loads(old.read_text())
-    commands = [*data.get("commands", []), command.strip()]
-    data.update(meta=cc.meta(command.strip()), commands=commands, trained_length=T,
+    commands = [*data.get("commands", []), command]
+    data.update(meta=cc.meta(command), commands=commands, trained_length=T,
                 lengths=list(LENGTHS), steps=steps)  # fmt: skip
     total = data["wall_s"]
     for name in args.rows or ROWS:

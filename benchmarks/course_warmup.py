@@ -16,11 +16,7 @@ Writes ``benchmarks/results/course/course_warmup.{json,md}``.
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import course_common as cc
@@ -87,18 +83,8 @@ def markdown(data: dict[str, Any], smoke: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--smoke", action="store_true")
-    args = p.parse_args(argv)
-    steps = 4 if args.smoke else args.steps
-    if args.smoke:
-        cc.RESULTS = Path(tempfile.mkdtemp(prefix="course_smoke_"))
-    command = (
-        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} python "
-        f"benchmarks/course_warmup.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    )
-    data: dict[str, Any] = {"meta": cc.meta(command.strip()), "rows": {}, "lr": LR,
+    args, steps, command = cc.parse("benchmarks/course_warmup.py", __doc__, 300, argv)
+    data: dict[str, Any] = {"meta": cc.meta(command), "rows": {}, "lr": LR,
                             "warmup": WARMUP}  # fmt: skip
     total = 0.0
     for name in ROWS:
