@@ -19,6 +19,17 @@ ALPHABET = " abcdefghijklmnopqrstuvwxyz.,'\n"
 TEXT = "the cat sat on the mat."
 
 
+def exit_code(argv: list[str]) -> int:
+    """``attnlab ARGV`` in process: its exit status (argparse and ``fail`` exit through
+    ``SystemExit``)."""
+    from attnlab.cli import main
+
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+
+
 def tiny_gpt(vocab_size: int, **kw: Any) -> torch.nn.Module:
     torch.manual_seed(0)
     kw = {"d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64, "max_seq_len": 64, **kw}

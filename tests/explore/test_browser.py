@@ -9,6 +9,7 @@ import io
 import os
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,19 @@ def serve(explorer: Explorer) -> tuple[Any, str]:
     srv = make_server(explorer, "127.0.0.1", 0)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv, f"http://127.0.0.1:{srv.server_address[1]}/"
+
+
+@contextmanager
+def live_page(context: Any, explorer: Explorer) -> Iterator[tuple[Any, str]]:
+    """A new page of the browser and the URL of a server for ``explorer``; both closed after."""
+    srv, url = serve(explorer)
+    page = open_page(context)
+    try:
+        yield page, url
+    finally:
+        page.close()
+        srv.shutdown()
+        srv.server_close()
 
 
 ERRORS: list[str] = []  # uncaught errors of the pages (a script that fails to parse, ...)
@@ -113,11 +127,9 @@ def check_neuron(page: Any, explorer: Explorer, ids: list[int]) -> None:
 
 
 def test_live_page_for_a_tiny_gpt(context: Any, gpt_explorer: Explorer) -> None:
-    srv, url = serve(gpt_explorer)
-    page = open_page(context)
-    urls: list[str] = []
-    page.on("request", lambda r: urls.append(r.url))
-    try:
+    with live_page(context, gpt_explorer) as (page, url):
+        urls: list[str] = []
+        page.on("request", lambda r: urls.append(r.url))
         page.goto(url)
         v = wait(page)
         text = "a mat sat on the cat"
@@ -185,10 +197,6 @@ def test_live_page_for_a_tiny_gpt(context: Any, gpt_explorer: Explorer) -> None:
         page.wait_for_function("window.__explore.error !== null")
         assert "at most 48" in page.inner_text("#error") and page.is_visible("#error")
         assert all(u.startswith(url) for u in urls), urls  # nothing from anywhere else
-    finally:
-        page.close()
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_static_export(context: Any, gpt_explorer: Explorer, tmp_path: Path) -> None:
@@ -229,9 +237,7 @@ def test_live_page_for_the_real_minilm(context: Any) -> None:
     from attnlab.cli.explore import load
 
     explorer = Explorer(*load(str(path), None), name="all-MiniLM-L6-v2")
-    srv, url = serve(explorer)
-    page = open_page(context)
-    try:
+    with live_page(context, explorer) as (page, url):
         page.goto(url)
         v = wait(page)
         text = "The animal didn't cross the street because it was too tired."
@@ -254,10 +260,6 @@ def test_live_page_for_the_real_minilm(context: Any) -> None:
         check_neuron(page, explorer, ids)
         assert page.is_hidden("#next-panel") and page.is_hidden("#lens-panel")
         assert_not_blank(page.screenshot(full_page=True))
-    finally:
-        page.close()
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_live_page_for_a_tiny_encoder_decoder(context: Any, seq2seq_explorer: Explorer) -> None:
@@ -265,9 +267,7 @@ def test_live_page_for_a_tiny_encoder_decoder(context: Any, seq2seq_explorer: Ex
     from attnlab.generation import generate
 
     e = seq2seq_explorer
-    srv, url = serve(e)
-    page = open_page(context)
-    try:
+    with live_page(context, e) as (page, url):
         page.goto(url)
         v = wait(page)
         assert page.is_visible("#stack") and page.is_visible("#target")
@@ -305,10 +305,6 @@ def test_live_page_for_a_tiny_encoder_decoder(context: Any, seq2seq_explorer: Ex
         v = wait(page, v)
         assert page.evaluate("window.__explore.target_ids")[-1] == int(logits[0, -1].argmax())
         assert_not_blank(page.screenshot(full_page=True))
-    finally:
-        page.close()
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_static_export_of_an_encoder_decoder(
@@ -348,9 +344,7 @@ def test_fill_mask_in_the_page(context: Any, hf_bert_mlm: tuple[Any, Any]) -> No
 
     directory, hf = hf_bert_mlm
     explorer = Explorer(*load(str(directory), None), name="tiny BertForMaskedLM")
-    srv, url = serve(explorer)
-    page = open_page(context)
-    try:
+    with live_page(context, explorer) as (page, url):
         page.goto(url)
         v = wait(page)
         page.fill("#text", "the cat sat on the [MASK].")
@@ -368,10 +362,6 @@ def test_fill_mask_in_the_page(context: Any, hf_bert_mlm: tuple[Any, Any]) -> No
         assert ids[position] == explorer.tokenizer.token_id("[MASK]")
         want = torch.softmax(logits[position], -1).topk(5).values.tolist()
         assert probs == pytest.approx(want, abs=1e-5)
-    finally:
-        page.close()
-        srv.shutdown()
-        srv.server_close()
 
 
 # -- ViT ----------------------------------------------------------------------------------------
@@ -408,9 +398,7 @@ def check_overlay(page: Any, w: torch.Tensor, query: int | str) -> None:
 
 
 def test_live_page_for_a_tiny_vit(context: Any, vit_explorer: Explorer) -> None:
-    srv, url = serve(vit_explorer)
-    page = open_page(context)
-    try:
+    with live_page(context, vit_explorer) as (page, url):
         page.goto(url)
         v = wait(page)
         assert page.is_visible("#image-panel") and page.is_hidden("#input-panel")
@@ -452,10 +440,6 @@ def test_live_page_for_a_tiny_vit(context: Any, vit_explorer: Explorer) -> None:
         page.click("#sample-run")
         page.wait_for_function("window.__explore.error !== null")
         assert "sample must be an integer in [0, 359)" in page.inner_text("#error")
-    finally:
-        page.close()
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_uploading_an_image(context: Any, vit_rgb_explorer: Explorer, tmp_path: Path) -> None:
@@ -464,9 +448,7 @@ def test_uploading_an_image(context: Any, vit_rgb_explorer: Explorer, tmp_path: 
     png = tmp_path / "stripes.png"  # 48x32 RGB: the page crops the centre 32x32, scales to 16
     Image.frombytes("RGB", (48, 32), bytes((x * 5 + y * 3 * c) % 256 for y in range(32)
                     for x in range(48) for c in range(3))).save(png)  # fmt: skip
-    srv, url = serve(vit_rgb_explorer)
-    page = open_page(context)
-    try:
+    with live_page(context, vit_rgb_explorer) as (page, url):
         page.goto(url)
         v = wait(page)
         assert page.is_hidden("#sample-label")  # no data set: uploads only (a grey start image)
@@ -488,10 +470,6 @@ def test_uploading_an_image(context: Any, vit_rgb_explorer: Explorer, tmp_path: 
         v = wait(page, v)
         check_overlay(page, w, 0)
         assert_not_blank(page.locator("#image-panel").screenshot())
-    finally:
-        page.close()
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_static_export_of_a_vit(context: Any, vit_explorer: Explorer, tmp_path: Path) -> None:

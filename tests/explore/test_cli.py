@@ -10,29 +10,21 @@ from typing import Any
 
 import pytest
 
-from attnlab.cli import main
 from attnlab.explore.server import ExploreServer
 
-from .conftest import TEXT
-
-
-def _exit_code(argv: list[str]) -> int:
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
+from .conftest import TEXT, exit_code
 
 
 def test_html_export(
     gpt_dir: Path, seq2seq_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "page.html"
-    assert _exit_code(["explore", str(gpt_dir), "--text", TEXT, "--html", str(out)]) == 0
+    assert exit_code(["explore", str(gpt_dir), "--text", TEXT, "--html", str(out)]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
     html = out.read_text(encoding="utf-8")
     assert 'id="explore-data"' in html and "window.__explore" in html
     argv = ["explore", str(seq2seq_dir), "--text", TEXT, "--target", "le", "--html", str(out)]
-    assert _exit_code(argv) == 0
+    assert exit_code(argv) == 0
     assert '"target":"le"' in out.read_text(encoding="utf-8")
 
 
@@ -54,7 +46,7 @@ def test_serving_a_model_directory(
     monkeypatch.setattr(ExploreServer, "serve_forever", serve_then_stop)
     argv = ["explore", str(gpt_dir), "--port", "0", "--no-browser", "--max-tokens", "20",
             "--text", "the cat"]  # fmt: skip
-    assert _exit_code(argv) == 0
+    assert exit_code(argv) == 0
     out = capsys.readouterr().out
     assert "at http://127.0.0.1:" in out and "stopped" in out
     assert seen["max_tokens"] == 20 and seen["default_text"] == "the cat"
@@ -80,7 +72,7 @@ def test_bad_input_exits_2_with_one_line(
     argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
-    assert _exit_code(argv) == 2
+    assert exit_code(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
@@ -92,5 +84,5 @@ def test_a_port_in_use_is_a_clear_error(gpt_dir: Path, capsys: pytest.CaptureFix
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        assert _exit_code(["explore", str(gpt_dir), "--port", str(port), "--no-browser"]) == 2
+        assert exit_code(["explore", str(gpt_dir), "--port", str(port), "--no-browser"]) == 2
     assert "address already in use" in capsys.readouterr().err.lower()

@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 import torch
 
-from attnlab.cli import main
 from attnlab.explore import Explorer, ImageSpec, Limits, explore_html, make_server, unpack
 from attnlab.explore.vision import VisionInput
 from attnlab.inspect import run_with_cache
 from attnlab.models import build_model
+
+from .conftest import exit_code
 
 
 def image(shape: list[int], fill: int | None = None) -> dict[str, Any]:
@@ -201,13 +202,6 @@ def test_static_export_of_a_vit(vit_explorer: Explorer) -> None:
         explore_html(vit_explorer)
 
 
-def _exit_code(argv: list[str]) -> int:
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-
-
 def test_cli_reads_the_runs_recipe_and_an_image_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -226,11 +220,11 @@ def test_cli_reads_the_runs_recipe_and_an_image_file(
     spec = image_spec(model, str(run))
     assert spec.dataset == "digits" and spec.options == {"split_seed": 3, "val_fraction": 0.2}
     out = tmp_path / "vit.html"
-    assert _exit_code(["explore", str(run), "--sample", "2", "--html", str(out)]) == 0
+    assert exit_code(["explore", str(run), "--sample", "2", "--html", str(out)]) == 0
     assert '"sample":2' in out.read_text(encoding="utf-8")
     png = tmp_path / "photo.png"
     Image.new("RGB", (30, 20), (200, 10, 10)).save(png)
-    assert _exit_code(["explore", str(run), "--image", str(png), "--html", str(out)]) == 0
+    assert exit_code(["explore", str(run), "--image", str(png), "--html", str(out)]) == 0
     capsys.readouterr()
     for argv, message in [
         (["explore", str(run), "--text", "hi", "--html", str(out)], "reads an image, not text"),
@@ -239,5 +233,5 @@ def test_cli_reads_the_runs_recipe_and_an_image_file(
          "cannot read --image"),
         (["explore", "gpt-char-baby", "--sample", "1", "--html", str(out)], "are for ViT models"),
     ]:  # fmt: skip
-        assert _exit_code(argv) == 2, argv
+        assert exit_code(argv) == 2, argv
         assert message in capsys.readouterr().err
