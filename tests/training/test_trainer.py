@@ -178,3 +178,36 @@ def test_tensorboard_is_optional(tmp_path: Path, caplog: pytest.LogCaptureFixtur
         assert "needs the tensorboard package" in caplog.text
     else:
         assert (tmp_path / "tb").is_dir()
+
+
+def test_schedule_clock_time_follows_the_further_along_clock() -> None:
+    """schedule_clock='time': the cosine is at max(step, steps * elapsed / budget); with the
+    step count ahead (or the default 'steps' clock) it is the plain step schedule."""
+    from attnlab.training.schedules import warmup_cosine
+
+    def lr_at(step: int) -> float:
+        return 1e-2 * warmup_cosine(step, warmup=2, total_steps=100)
+
+    model, objective, config = _setup(steps=100, max_minutes=1.0, schedule_clock="time")
+    trainer = Trainer(model, objective, config)
+    trainer.train_step()  # the clock at 0: the step schedule
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(2))
+    trainer.elapsed = 30.0  # half the budget spent after one update: the time is ahead
+    trainer.train_step()
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(50))
+    trainer.elapsed = 90.0  # past the budget: the end of the decay
+    trainer.train_step()
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
+    # the step clock ignores the time
+    model, objective, config = _setup(steps=100, max_minutes=1.0)
+    plain = Trainer(model, objective, config)
+    plain.elapsed = 30.0
+    plain.train_step()
+    assert plain.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(2))
+
+
+def test_schedule_clock_time_needs_a_cosine_and_a_time_budget() -> None:
+    with pytest.raises(ValueError, match="schedule_clock='time' needs schedule='cosine' and"):
+        _setup(schedule_clock="time")  # no max_minutes
+    with pytest.raises(ValueError, match="got schedule='constant'"):
+        _setup(schedule_clock="time", schedule="constant", max_minutes=1.0)

@@ -13,6 +13,9 @@ keys.
 Budgets: a run stops at the first of ``steps`` (optimizer updates in total), ``max_minutes``
 (training wall time in total, evaluation included, summed over resumed sessions) and
 ``max_epochs`` (passes over the data, for recipes whose data has epochs); at least one is set.
+With ``schedule_clock="time"`` the cosine schedule follows the further along of its two clocks
+(updates over ``steps``, training time over ``max_minutes``), so a time-budgeted run whose steps
+turned out slower than planned still reaches the end of its decay when the clock stops it.
 
 Deviations from the paper: ``lr`` multiplies the Noam schedule (1.0 is eq. (3) exactly); weight
 decay, accumulation, clipping, early stopping and checkpoint averaging options are modern
@@ -28,6 +31,7 @@ from typing import Literal
 from attnlab.config import Config, check_positive, check_probability
 
 ScheduleName = Literal["noam", "cosine", "constant"]
+ScheduleClock = Literal["steps", "time"]
 OptimizerName = Literal["adam", "adamw", "sgd"]
 OptimizerImpl = Literal["auto", "fused", "foreach", "for-loop"]
 PrecisionName = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16"]
@@ -66,6 +70,9 @@ class TrainConfig(Config):
     schedule: ScheduleName = "noam"
     warmup: int = 4000
     min_lr_ratio: float = 0.0  # cosine floor, as a fraction of lr
+    # "time": the cosine runs on whichever is further along, steps/steps or training time/
+    # max_minutes, so a run that the clock stops early still ends decayed (time budgets)
+    schedule_clock: ScheduleClock = "steps"
     # -- regularisation
     label_smoothing: float = 0.1  # §5.4 ε_ls
     clip_grad_norm: float | None = None  # None: no clipping
@@ -156,6 +163,12 @@ class TrainConfig(Config):
                     f"schedule='cosine' needs warmup < steps, got warmup={self.warmup}, "
                     f"steps={self.steps}"
                 )
+        if self.schedule_clock == "time" and (self.schedule != "cosine" or not self.max_minutes):
+            raise ValueError(
+                "schedule_clock='time' needs schedule='cosine' and max_minutes (the time the "
+                f"cosine decays over), got schedule={self.schedule!r}, "
+                f"max_minutes={self.max_minutes}"
+            )
 
     @property
     def best_mode(self) -> Literal["min", "max"]:

@@ -15,6 +15,8 @@ Embeddings are recognised by module type (``nn.Embedding``, :class:`TokenEmbeddi
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -156,10 +158,22 @@ def _can_fuse(groups: list[dict[str, Any]]) -> bool:
     )
 
 
-def build_scheduler(optimizer: Optimizer, config: TrainConfig, *, d_model: int) -> LambdaLR:
+def build_scheduler(
+    optimizer: Optimizer,
+    config: TrainConfig,
+    *,
+    d_model: int,
+    elapsed_s: Callable[[], float] | None = None,
+) -> LambdaLR:
     """The ``LambdaLR`` of ``config.schedule`` (:mod:`attnlab.training.schedules`).
 
     ``noam`` needs the model width ``d_model`` (eq. (3)); its values multiply ``config.lr``.
+    With ``config.schedule_clock == "time"`` the cosine is evaluated at
+    ``max(step, ceil(steps * elapsed_s() / (60 * max_minutes)))``: the further along of the
+    step count and the time budget (``elapsed_s`` reads the training seconds so far).
+
+    Raises:
+        ValueError: for ``schedule_clock="time"`` without ``elapsed_s``.
     """
     if config.schedule == "noam":
         schedule = make_schedule("noam", d_model=d_model, warmup=config.warmup)
@@ -169,7 +183,24 @@ def build_scheduler(optimizer: Optimizer, config: TrainConfig, *, d_model: int) 
         )
     else:
         schedule = make_schedule("constant", warmup=config.warmup)
+    if config.schedule_clock == "time":
+        if elapsed_s is None:
+            raise ValueError("schedule_clock='time' needs elapsed_s, the training time so far")
+        schedule = _on_time(schedule, config, elapsed_s)
     return lambda_lr(optimizer, schedule)
+
+
+def _on_time(
+    schedule: Callable[[int], float], config: TrainConfig, elapsed_s: Callable[[], float]
+) -> Callable[[int], float]:
+    """``schedule`` at the step the time budget has reached, when that is ahead of ``step``."""
+    steps, budget_s = config.steps or 1, 60.0 * (config.max_minutes or 0.0)
+
+    def at(step: int) -> float:
+        by_time = math.ceil(steps * min(1.0, elapsed_s() / budget_s))
+        return schedule(max(step, by_time))
+
+    return at
 
 
 __all__ = [

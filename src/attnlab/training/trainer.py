@@ -177,10 +177,12 @@ class Trainer:
         self.model = compile_model(self.wrapped) if config.compile else self.wrapped
         self.module = unwrap_model(self.wrapped)
         self.compile_s: float | None = None  # measured by fit's compile warm-up
-        self.optimizer = build_optimizer(model, config)
-        self.scheduler = build_scheduler(self.optimizer, config, d_model=d_model or 1)
-        self.stream = objective.train_stream(config.batch_size, config.seed)
         self.step, self.elapsed, self.tokens = 0, 0.0, 0
+        self.optimizer = build_optimizer(model, config)
+        self.scheduler = build_scheduler(
+            self.optimizer, config, d_model=d_model or 1, elapsed_s=lambda: self.elapsed
+        )
+        self.stream = objective.train_stream(config.batch_size, config.seed)
         self.best_value: float | None = None
         self.best_step: int | None = None
         self.evals_since_best = 0
