@@ -14,11 +14,17 @@ checkpoints every 5 minutes, so ``--resume`` continues a run cut short, bitwise)
 Transformer): a short calibration on a throwaway copy measures the seconds per step (loader and
 model apart) and per evaluation, and the step count is chosen so that the cosine schedule ends
 with the budget; the run's ``max_minutes`` stops it at the budget regardless (the trainer's
-time: training and evaluation). The validation split (5,000 training images, 500 per class) is
-scored ``--evals`` times for the accuracy-vs-time curve; the 10,000 test images are scored once,
-at the end. Learning rates come from ``--sweep`` (each candidate trained for ``--sweep-minutes``
-and scored on val; the best is stored in ``results/cifar10_sweep.json`` and used by later runs)
-or the recipe's defaults; the test split is never used to choose anything.
+time: training and evaluation), and ``schedule_clock="time"`` makes the cosine follow the clock
+whenever the clock is ahead of the steps (steps slower than calibrated: the 2026-12-01 CCT run,
+calibrated at 0.215 s per step, averaged 0.336 s and was cut at 68% of a step-only cosine).
+``--compile auto`` (the default) calibrates the eager and the ``torch.compile``-d step and keeps
+the faster; the compile warm-up is paid out of the budget. The validation split (5,000
+training images, 500 per class) is scored ``--evals`` times for the accuracy-vs-time curve; the
+10,000 test images are scored once, at the end. Learning rates (and, for the ViT, the size:
+``vit-cifar`` or ``vit-cifar-small``) come from ``--sweep`` (each candidate trained for
+``--sweep-minutes`` and scored on val; the best is stored in ``results/cifar10_sweep.json`` and
+used by later runs; ``--lrs``/``--preset`` run part of the grid again) or the recipe's defaults;
+the test split is never used to choose anything.
 
 Recorded (``results/cifar10_exercise7.{json,md}``; a model's entry is replaced when it is run
 again): parameters, forward FLOPs per image (``attnlab.analysis.forward_flops`` for the ViT,
@@ -69,11 +75,16 @@ from attnlab.training.trainer import Trainer
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
 
-# competitor -> the recipe's --model, its lr candidates, and its layout
+# competitor -> the recipe's --model candidates (the first is the default), its lr candidates,
+# and its layout; the sweep chooses the (model, lr) pair on the val split
 MODELS: dict[str, dict[str, Any]] = {
-    "resnet": {"model": "resnet20", "lrs": (0.05, 0.1, 0.2), "channels_last": True},
-    "vit": {"model": "vit-cifar", "lrs": (5e-4, 1e-3, 2e-3), "channels_last": False},
-    "cct": {"model": "cct-cifar", "lrs": (5e-4, 1e-3, 2e-3), "channels_last": True},
+    "resnet": {"models": ("resnet20",), "lrs": (0.05, 0.1, 0.2, 0.4), "channels_last": True},
+    "vit": {
+        "models": ("vit-cifar", "vit-cifar-small"),
+        "lrs": (5e-4, 1e-3, 2e-3),
+        "channels_last": False,
+    },
+    "cct": {"models": ("cct-cifar",), "lrs": (5e-4, 1e-3, 2e-3, 4e-3), "channels_last": True},
 }
 SMOKE = {"train_per_class": 20, "val_per_class": 10, "test_per_class": 10}
 CALIBRATION = ("calibrated_s_per_step", "loader_ms_per_step", "model_ms_per_step", "eval_s")
@@ -86,7 +97,22 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--epochs", type=float, default=None, help="fixed epochs instead of time")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--lr", type=float, default=None, help="override the sweep/default lr")
+    p.add_argument(
+        "--preset", default=None, help="the recipe's --model, overriding the sweep's choice"
+    )
     p.add_argument("--sweep", action="store_true", help="only choose lr on the val split")
+    p.add_argument(
+        "--lrs",
+        default=None,
+        help="--sweep: only these lrs (comma-separated) and only --preset (or every preset); "
+        "their rows replace the same (preset, lr) rows of the stored sweep, the rest are kept",
+    )
+    p.add_argument(
+        "--compile",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="torch.compile the model; auto: calibrate eager and compiled, keep the faster",
+    )
     p.add_argument("--sweep-minutes", type=float, default=3.0)
     p.add_argument("--evals", type=int, default=20, help="val evaluations per run")
     p.add_argument(
@@ -106,6 +132,9 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--resume", action="store_true", help="continue the models' runs in --out")
     p.add_argument("--progress", action="store_true", help="the trainer's progress bar")
+    p.add_argument(
+        "--report-only", action="store_true", help="rewrite the report and curves from the json"
+    )
     p.add_argument("--data", default=None, help="directory of train.npz/test.npz")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="tiny subset, seconds, writes to /tmp")
@@ -113,11 +142,13 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def overrides(args: argparse.Namespace, name: str, lr: float | None) -> dict[str, Any]:
+def overrides(
+    args: argparse.Namespace, name: str, lr: float | None, preset: str | None = None
+) -> dict[str, Any]:
     """The recipe fields of competitor ``name``'s runs (the budget comes later)."""
     spec = MODELS[name]
     out: dict[str, Any] = {
-        "model": spec["model"],
+        "model": preset or spec["models"][0],
         "precision": args.precision,
         "channels_last": spec["channels_last"],
         "batch_size": args.batch_size,
@@ -142,26 +173,60 @@ def overrides(args: argparse.Namespace, name: str, lr: float | None) -> dict[str
 
 def calibrate(over: dict[str, Any], steps: int = 8) -> dict[str, float]:
     """Median seconds per training step (and its loader part) of a throwaway copy after two
-    warm-up steps, and the seconds of one whole evaluation."""
+    warm-up steps, the warm-up's seconds beyond two such steps (``torch.compile``'s time, when
+    ``over["compile"]``), and the seconds of one whole evaluation."""
     p = prepare("cifar10", {**over, "steps": 1000, "progress": False})
     trainer = Trainer(p.model, p.objective, p.train)
-    step_s, loader_s = [], []
+    step_s, loader_s, warm_up_s = [], [], 0.0
     for i in range(2 + steps):
         loader_before, start = trainer.stream.loader_seconds, time.perf_counter()  # type: ignore[attr-defined]
         trainer.train_step()
         if i >= 2:
             step_s.append(time.perf_counter() - start)
             loader_s.append(trainer.stream.loader_seconds - loader_before)  # type: ignore[attr-defined]
+        else:
+            warm_up_s += time.perf_counter() - start
     start = time.perf_counter()
     trainer.evaluate()
     eval_s = time.perf_counter() - start
     loader = statistics.median(loader_s)
+    step = statistics.median(step_s)
     return {
-        "step_s": statistics.median(step_s),
+        "step_s": step,
         "loader_s": loader,
         "model_s": statistics.median(s - ld for s, ld in zip(step_s, loader_s, strict=True)),
         "eval_s": eval_s,
+        "compile_s": max(0.0, warm_up_s - 2 * step) if over.get("compile") else 0.0,
     }
+
+
+def calibrate_choosing_compile(
+    args: argparse.Namespace, over: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, float], dict[str, Any]]:
+    """``over`` with ``compile`` decided (``--compile``; auto: the faster step of eager and
+    compiled), its calibration, and what was measured to decide."""
+    if args.compile != "auto":
+        over = {**over, "compile": args.compile == "on"}
+        cal = calibrate(over)
+        return over, cal, {"compile": over["compile"], "compile_choice": args.compile}
+    if over["model"] in _COMPILE_CHOICE:  # decided by an earlier run of this process
+        note = _COMPILE_CHOICE[over["model"]]
+        over = {**over, "compile": note["compile"]}
+        return over, calibrate(over), note
+    eager = calibrate({**over, "compile": False})
+    compiled = calibrate({**over, "compile": True})
+    use = compiled["step_s"] < eager["step_s"]
+    note = {
+        "compile": use,
+        "compile_choice": "auto",
+        "eager_s_per_step": round(eager["step_s"], 4),
+        "compiled_s_per_step": round(compiled["step_s"], 4),
+    }
+    _COMPILE_CHOICE[over["model"]] = note
+    return {**over, "compile": use}, compiled if use else eager, note
+
+
+_COMPILE_CHOICE: dict[str, dict[str, Any]] = {}  # preset -> the measurements that decided
 
 
 def budget(
@@ -176,11 +241,19 @@ def budget(
     if fixed_epochs and args.epochs is not None:
         steps = max(2, math.ceil(args.epochs * n_train / args.batch_size))
         return {"steps": steps, "max_minutes": None, "eval_every": max(1, steps // args.evals)}
+    # the trainer's clock starts after torch.compile's warm-up: the budget pays for it here
     seconds = 60.0 * (minutes or 0.0)
+    seconds = max(seconds - cal.get("compile_s", 0.0), 0.5 * seconds)
     evals = args.evals if not args.sweep else 3
     train_s = max(seconds - evals * cal["eval_s"], 0.5 * seconds)
     steps = max(2, int(0.97 * train_s / cal["step_s"]))
-    return {"steps": steps, "max_minutes": minutes, "eval_every": max(1, steps // evals)}
+    # the cosine also runs on the clock: a run slower than calibrated still ends decayed
+    return {
+        "steps": steps,
+        "max_minutes": round(seconds / 60.0, 4),
+        "schedule_clock": "time",
+        "eval_every": max(1, steps // evals),
+    }
 
 
 def run(
@@ -191,15 +264,17 @@ def run(
     lr: float | None,
     minutes: float | None,
     final: bool,
+    preset: str | None = None,
 ) -> tuple[Prepared, dict[str, Any]]:
     """One training run of competitor ``name`` into ``out_dir`` (resumed with ``--resume``)."""
-    over = overrides(args, name, lr)
+    over = overrides(args, name, lr, preset)
     resume = args.resume and final and RunDir(out_dir).holds_run()
     cal: dict[str, float] = {}
+    chosen: dict[str, Any] = {}
     if resume:  # the run's own settings (a new calibration would change its schedule)
         given: dict[str, Any] = {"progress": args.progress}
     else:
-        cal = calibrate(over)
+        over, cal, chosen = calibrate_choosing_compile(args, over)
         n_train = 10 * SMOKE["train_per_class"] if args.smoke else 45_000
         given = {**over, **budget(args, cal, minutes, n_train, fixed_epochs=final)}
     print(f"{name}: {'resuming' if resume else 'training'} -> {out_dir}", flush=True)
@@ -240,9 +315,13 @@ def run(
         "session_loader_s": round(stream.loader_seconds, 3),
         "val_accuracy": curve[-1]["val_accuracy"] if curve else None,
         "last_train_loss": train_lines[-1]["loss"] if train_lines else None,
+        "last_lr": train_lines[-1].get("lr") if train_lines else None,
+        "schedule_clock": t.schedule_clock,
         "curve": curve,
         "run_dir": str(out_dir),
         "resumed": resume,
+        "compile_s": result.compile_s,
+        **chosen,
     }
     if cal:
         record.update(
@@ -251,6 +330,7 @@ def run(
                 "loader_ms_per_step": round(1000 * cal["loader_s"], 2),
                 "model_ms_per_step": round(1000 * cal["model_s"], 2),
                 "eval_s": round(cal["eval_s"], 2),
+                "calibrated_compile_s": round(cal["compile_s"], 1),
             }
         )
     return prepared, record
@@ -269,14 +349,15 @@ def final_record(args: argparse.Namespace, name: str, p: Prepared, r: dict[str, 
             "parameters": count_params(p.model),
             "overrides": {
                 k: v
-                for k, v in overrides(args, name, None).items()
+                for k, v in overrides(args, name, None, r["preset_option"]).items()
                 if k not in ("data", "progress", "seed")
             },
         }
     )
     r.update(flops_per_image(p.model))
     if args.profile:
-        r["profile"] = profile(overrides(args, name, r["lr"]))
+        over = overrides(args, name, r["lr"], r["preset_option"])
+        r["profile"] = profile({**over, "compile": bool(r.get("compile"))})
 
 
 def flops_per_image(model: nn.Module) -> dict[str, Any]:
@@ -377,6 +458,14 @@ def _changed(fields: dict[str, Any] | None) -> str:
     return f" ({', '.join(f'{k}={v}' for k, v in shown.items())})" if shown else ""
 
 
+def _stop(r: dict[str, Any]) -> str:
+    """How a run ended, after its step count: its schedule, or the clock (decayed or cut)."""
+    if r["finished_schedule"]:
+        return ""
+    timed = r.get("schedule_clock") == "time"
+    return f" of {r['planned_steps']} ({'clock; lr decayed on time' if timed else 'cut'})"
+
+
 def write_report(results: dict[str, Any], out: Path) -> None:
     label, meta = results["data"], results["meta"]
     lines = [
@@ -397,9 +486,10 @@ def write_report(results: dict[str, Any], out: Path) -> None:
             else "-"
         )
         lines.append(
-            f"| {name} | {r['preset_option']}{_changed(r.get('overrides'))} | "
+            f"| {name} | {r['preset_option']}{_changed(r.get('overrides'))}"
+            f"{', compiled' if r.get('compile') else ''} | "
             f"{r['parameters'] / 1e6:.2f}M | {r['flops_per_image'] / 1e6:.0f} | {r['steps']}"
-            f"{'' if r['finished_schedule'] else ' (cut)'} | {r['epochs']} | {r['minutes']} | "
+            f"{_stop(r)} | {r['epochs']} | {r['minutes']} | "
             f"{r['images_per_s']} | {split} | {r['lr']:g} | {r['val_accuracy']:.2%} | "
             f"{r['test_accuracy']:.2%} |"
         )
@@ -409,6 +499,7 @@ def write_report(results: dict[str, Any], out: Path) -> None:
         "attention over patches: `cifar10_attention_*.png`.",
         "",
         *targets(results["models"], label),
+        *history_table(results.get("history", [])),
         *sweep_table(out),
     ]
     for name, r in sorted(results["models"].items()):
@@ -433,6 +524,27 @@ def targets(models: dict[str, Any], label: str) -> list[str]:
     return [f"Targets (test accuracy, {label}):", "", *rows, ""] if rows else []
 
 
+def history_table(history: list[dict[str, Any]]) -> list[str]:
+    """The earlier runs that later runs of the same model replaced."""
+    if not history:
+        return []
+    lines = [
+        "## Earlier runs (replaced by the ones above)",
+        "",
+        "| model | --model | lr | schedule clock | compile | steps (planned) | epochs | minutes | "
+        "val acc | test acc | date |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for h in history:
+        lines.append(
+            f"| {h['model']} | {h['preset_option']} | {h['lr']:g} | {h['schedule_clock']} | "
+            f"{'yes' if h.get('compile') else 'no'} | {h['steps']} ({h['planned_steps']}) | "
+            f"{h['epochs']} | {h['minutes']} | {h['val_accuracy']:.2%} | "
+            f"{h['test_accuracy']:.2%} | {h.get('date_utc') or '-'} |"
+        )
+    return [*lines, ""]
+
+
 def sweep_table(out: Path) -> list[str]:
     file = out / "cifar10_sweep.json"
     if not file.is_file():
@@ -440,37 +552,79 @@ def sweep_table(out: Path) -> list[str]:
     lines = ["## Learning-rate sweep (val accuracy after a short run; test never used)", ""]
     lines += ["| model | minutes each | lr: val accuracy | chosen |", "|---|---|---|---|"]
     for name, s in sorted(json.loads(file.read_text()).items()):
-        runs = ", ".join(f"{r['lr']:g}: {r['val_accuracy']:.2%}" for r in s["runs"])
-        lines.append(f"| {name} | {s['minutes']} | {runs} | {s['best_lr']:g} |")
+        default = MODELS[name]["models"][0]
+        for preset in dict.fromkeys(r.get("preset", default) for r in s["runs"]):
+            runs = ", ".join(
+                f"{r['lr']:g}: {r['val_accuracy']:.2%}"
+                for r in s["runs"]
+                if r.get("preset", default) == preset
+            )
+            best = s.get("best_preset", default) == preset
+            chosen = f"{s['best_lr']:g}" if best else "-"
+            lines.append(f"| {name} `{preset}` | {s['minutes']} | {runs} | {chosen} |")
     return [*lines, ""]
 
 
 def run_sweep(args: argparse.Namespace, out: Path) -> None:
+    """Each (preset, lr) candidate for ``--sweep-minutes``, scored on val; the best pair is
+    stored per competitor. ``--lrs`` runs a part of the grid and keeps the other stored rows."""
     file = out / "cifar10_sweep.json"
     sweep = json.loads(file.read_text()) if file.is_file() else {}
     for name in args.models.split(","):
-        rows = []
-        for lr in MODELS[name]["lrs"]:
-            run_dir = out / "runs" / "sweep" / f"cifar10-{name}-lr{lr:g}"
-            p, r = run(args, name, run_dir, lr=lr, minutes=args.sweep_minutes, final=False)
-            rows.append(
-                {
-                    "lr": lr,
-                    "val_accuracy": r["val_accuracy"],
-                    "steps": r["steps"],
-                    "epochs": r["epochs"],
-                }
-            )
-            print(f"sweep {name} lr {lr:g}: val {r['val_accuracy']:.2%}", flush=True)
+        spec = MODELS[name]
+        presets = [args.preset] if args.preset else list(spec["models"])
+        lrs = [float(x) for x in args.lrs.split(",")] if args.lrs else list(spec["lrs"])
+        old = sweep.get(name, {}) if args.lrs else {}
+        rows = [
+            {"preset": spec["models"][0], **row} for row in old.get("runs", [])
+        ]  # rows from before presets were swept are the default preset's
+        for preset in presets:
+            for lr in lrs:
+                tag = "" if preset == spec["models"][0] else f"-{preset}"
+                run_dir = out / "runs" / "sweep" / f"cifar10-{name}{tag}-lr{lr:g}"
+                p, r = run(
+                    args, name, run_dir, lr=lr, minutes=args.sweep_minutes, final=False,
+                    preset=preset,
+                )  # fmt: skip
+                rows = [row for row in rows if (row["preset"], row["lr"]) != (preset, lr)]
+                rows.append(
+                    {
+                        "preset": preset,
+                        "lr": lr,
+                        "val_accuracy": r["val_accuracy"],
+                        "steps": r["steps"],
+                        "epochs": r["epochs"],
+                        "schedule_clock": r["schedule_clock"],
+                        "compile": r["compile"],
+                        "date_utc": machine_info()["date_utc"],
+                    }
+                )
+                print(f"sweep {name} {preset} lr {lr:g}: val {r['val_accuracy']:.2%}", flush=True)
         best = max(rows, key=lambda row: row["val_accuracy"])
         sweep[name] = {
             "minutes": args.sweep_minutes,
-            "runs": rows,
+            "runs": sorted(rows, key=lambda row: (spec["models"].index(row["preset"]), row["lr"])),
             "best_lr": best["lr"],
+            "best_preset": best["preset"],
             "data": p.data.info["dataset"],
             "meta": machine_info(),
         }
-    file.write_text(json.dumps(sweep, indent=1) + "\n", encoding="utf-8")
+        file.write_text(json.dumps(sweep, indent=1) + "\n", encoding="utf-8")
+
+
+HISTORY_KEYS = (
+    "model", "preset_option", "lr", "lr_source", "schedule_clock", "compile", "planned_steps",
+    "steps", "stopped_by", "minutes", "epochs", "images_per_s", "calibrated_s_per_step",
+    "val_accuracy", "test_accuracy", "command",
+)  # fmt: skip
+
+
+def run_summary(r: dict[str, Any]) -> dict[str, Any]:
+    """The figures of a recorded run that a later run of the same model replaces."""
+    summary = {k: r[k] for k in HISTORY_KEYS if k in r}
+    summary.setdefault("schedule_clock", "steps")  # runs before the field existed
+    summary["date_utc"] = r.get("date_utc")  # None: recorded before runs carried a date
+    return summary
 
 
 def main() -> None:
@@ -480,6 +634,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if args.smoke:  # 200 train, 100 val, 100 test images; a few seconds per model
         args.minutes, args.sweep_minutes, args.batch_size, args.evals = 0.05, 0.03, 32, 3
+        args.compile = "off" if args.compile == "auto" else args.compile  # seconds, not minutes
     if args.sweep:
         run_sweep(args, out)
         return
@@ -487,10 +642,11 @@ def main() -> None:
     results = json.loads(file.read_text()) if file.is_file() else {"models": {}}
     sweep_file = out / "cifar10_sweep.json"
     sweep = json.loads(sweep_file.read_text()) if sweep_file.is_file() else {}
-    for name in args.models.split(","):
+    for name in [] if args.report_only else args.models.split(","):
         lr = args.lr or sweep.get(name, {}).get("best_lr")
-        run_dir = out / "runs" / f"cifar10-{MODELS[name]['model']}"
-        p, r = run(args, name, run_dir, lr=lr, minutes=args.minutes, final=True)
+        preset = args.preset or sweep.get(name, {}).get("best_preset") or MODELS[name]["models"][0]
+        run_dir = out / "runs" / f"cifar10-{preset}"
+        p, r = run(args, name, run_dir, lr=lr, minutes=args.minutes, final=True, preset=preset)
         final_record(args, name, p, r)
         old = results["models"].get(name, {})
         for key in CALIBRATION if r["resumed"] else ():  # measured when the run started
@@ -498,6 +654,7 @@ def main() -> None:
                 r[key] = old[key]
         r["lr_source"] = "--lr" if args.lr else ("sweep" if name in sweep else "recipe default")
         r["command"] = machine_info()["command"]
+        r["date_utc"] = machine_info()["date_utc"]
         r["attention_figure"] = attention_figure(p.model, p.data.value, name, out)
         from attnlab.viz.confusion import plot_confusion
 
@@ -507,6 +664,8 @@ def main() -> None:
             title=f"{name}, {r['dataset']}",
             path=out / f"cifar10_confusion_{name}.png",
         )
+        if name in results["models"]:  # the run replaced stays on record, in brief
+            results.setdefault("history", []).append(run_summary(results["models"][name]))
         results["models"][name] = r
         results["data"] = r["dataset"]
         results["meta"] = {**machine_info(), "threads": args.threads}

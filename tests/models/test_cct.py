@@ -125,8 +125,14 @@ def test_cct_flops_per_image_counted_by_flop_counter_mode() -> None:
 
 
 def test_preset_parameter_counts() -> None:
-    """vit-cifar 1.81M, cct-cifar 0.88M, and the paper's CCT-7/3x1 at its Table 2 size."""
-    for name, n in (("vit-cifar", 1_806_538), ("cct-cifar", 880_203), ("cct7-3x1", 3_765_515)):
+    """vit-cifar 1.81M, vit-cifar-small 0.81M, cct-cifar 0.88M, and the paper's CCT-7/3x1 at
+    its Table 2 size."""
+    for name, n in (
+        ("vit-cifar", 1_806_538),
+        ("vit-cifar-small", 811_146),
+        ("cct-cifar", 880_203),
+        ("cct7-3x1", 3_765_515),
+    ):
         config = VIT_PRESETS.get(name) or PRESETS[name]
         assert count_params(build_model(name, device="meta")) == count_params(config) == n
     assert round(count_params(PRESETS["cct7-3x1"]) / 1e6, 2) == 3.77  # paper: 3.76M

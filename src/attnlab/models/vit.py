@@ -175,4 +175,17 @@ PRESETS: dict[str, ViTConfig] = {
         d_ff=384,
         norm_eps=1e-6,
     ),
+    # the same depth and patches at E 128 (4 heads of 32, MLP 256): 0.81M parameters and 116
+    # forward MFLOPs per image (0.45x and 0.46x vit-cifar's), about twice the epochs per minute
+    "vit-cifar-small": ViTConfig(
+        image_size=32,
+        patch_size=4,
+        in_channels=3,
+        n_classes=10,
+        d_model=128,
+        n_heads=4,
+        n_layers=6,
+        d_ff=256,
+        norm_eps=1e-6,
+    ),
 }

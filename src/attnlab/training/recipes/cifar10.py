@@ -59,11 +59,19 @@ MODELS = {
     "resnet56": "resnet56-cifar",
     "resnet18": "resnet18-cifar",
     "vit-cifar": "vit-cifar",
+    "vit-cifar-small": "vit-cifar-small",
     "cct-cifar": "cct-cifar",
     "cct7-3x1": "cct7-3x1",
 }
 ModelName = Literal[
-    "resnet20", "resnet32", "resnet56", "resnet18", "vit-cifar", "cct-cifar", "cct7-3x1"
+    "resnet20",
+    "resnet32",
+    "resnet56",
+    "resnet18",
+    "vit-cifar",
+    "vit-cifar-small",
+    "cct-cifar",
+    "cct7-3x1",
 ]
 # the Transformers' optimisation (the TrainConfig below is the ResNets')
 TRANSFORMER_TRAIN: dict[str, Any] = {
