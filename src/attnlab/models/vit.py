@@ -14,6 +14,7 @@ head of the paper; pre-training used an MLP with one hidden layer).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -144,6 +145,11 @@ def _vit(d_model: int, n_layers: int, n_heads: int, d_ff: int, patch_size: int) 
     )
 
 
+_VIT_CIFAR = ViTConfig(
+    image_size=32, patch_size=4, in_channels=3, n_classes=10, d_model=192, n_heads=3,
+    n_layers=6, d_ff=384, norm_eps=1e-6,
+)  # fmt: skip
+
 PRESETS: dict[str, ViTConfig] = {
     # Table 1 of the paper at 224x224 with a 1000-class (ImageNet) head.
     "vit-b16": _vit(768, 12, 12, 3072, 16),
@@ -164,28 +170,8 @@ PRESETS: dict[str, ViTConfig] = {
     ),
     # CIFAR-10 (exercise 7): 32x32 RGB, 4x4 patches (64 + [CLS] tokens), E 192, 3 heads of 64,
     # MLP ratio 2 (ViT-Lite's), 6 layers: sized for 30 minutes on two CPU cores.
-    "vit-cifar": ViTConfig(
-        image_size=32,
-        patch_size=4,
-        in_channels=3,
-        n_classes=10,
-        d_model=192,
-        n_heads=3,
-        n_layers=6,
-        d_ff=384,
-        norm_eps=1e-6,
-    ),
+    "vit-cifar": _VIT_CIFAR,
     # the same depth and patches at E 128 (4 heads of 32, MLP 256): 0.81M parameters and 116
     # forward MFLOPs per image (0.45x and 0.46x vit-cifar's), about twice the epochs per minute
-    "vit-cifar-small": ViTConfig(
-        image_size=32,
-        patch_size=4,
-        in_channels=3,
-        n_classes=10,
-        d_model=128,
-        n_heads=4,
-        n_layers=6,
-        d_ff=256,
-        norm_eps=1e-6,
-    ),
+    "vit-cifar-small": dataclasses.replace(_VIT_CIFAR, d_model=128, n_heads=4, d_ff=256),
 }
