@@ -66,6 +66,24 @@ def test_parallel_scan_gradients_equal_sequential(T: int) -> None:
         assert (gp - gs).abs().max() <= ATOL * scale, name
 
 
+def test_sequential_backward_is_linear_in_length() -> None:
+    """The loop's graph reads each step's inputs by unbind (one stack in the backward), not by
+    indexing: each indexed view's backward scatters into a zero (B, T, E, N) tensor, so the
+    backward over T steps would allocate T full-size gradients, O(T²) time and traffic."""
+    decay = torch.rand(1, 50, 2, 3, requires_grad=True)
+    u = torch.randn(1, 50, 2, 3, requires_grad=True)
+    seen, stack = set(), [scan_sequential(decay, u).grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        stack.extend(next_fn for next_fn, _ in node.next_functions)
+    names = [type(node).__name__ for node in seen]
+    assert not [n for n in names if n.startswith(("Select", "Index", "Slice"))], names
+    assert sum(n.startswith("Unbind") for n in names) == 2
+
+
 def test_states_match_float64() -> None:
     """Both float32 scans stay within 1e-5 of a float64 recurrence over 1024 steps."""
     x, delta, A, Bm, _, _, h0 = inputs(1024)

@@ -144,8 +144,10 @@ def scan_sequential(decay: Tensor, u: Tensor, h0: Tensor | None = None) -> Tenso
     _check(decay, u, h0)
     h = torch.zeros_like(u[:, 0]) if h0 is None else h0.to(u.dtype)  # (B, E, N)
     states = []
-    for t in range(u.shape[1]):
-        h = decay[:, t] * h + u[:, t]
+    # unbind, not decay[:, t]: the backward of T unbound views is one stack (O(T) in all),
+    # where each indexed view's backward would scatter into a zero (B, T, E, N) tensor: O(T²)
+    for a_t, u_t in zip(decay.unbind(1), u.unbind(1), strict=True):
+        h = a_t * h + u_t
         states.append(h)
     return torch.stack(states, dim=1)  # (B, T, E, N)
 
