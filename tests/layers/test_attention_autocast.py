@@ -6,6 +6,8 @@ masked scores must be the scores' own ``finfo.min``: float32's does not fit in b
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -58,3 +60,22 @@ def test_math_backend_trains_under_bf16_autocast() -> None:
     out.float().square().sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in attn.parameters())
+
+
+def test_under_autocast_the_products_are_bf16_and_the_scores_and_softmax_float32() -> None:
+    """The hook sees float32 scores and weights; the output is the matmul's bfloat16."""
+    q, k, v = _qkv(3)
+    seen: dict[str, torch.dtype] = {}
+
+    def hook(name: str, t: torch.Tensor) -> torch.Tensor:
+        seen[name] = t.dtype
+        return t
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = scaled_dot_product_attention(q, k, v, hook=hook)
+    assert seen == {"scores": torch.float32, "weights": torch.float32}
+    assert out.dtype == torch.bfloat16
+    # the scores are the bfloat16 product's: equal to a float32 softmax of bf16 q kᵀ
+    scores = (q.bfloat16() @ k.bfloat16().transpose(-2, -1)).float() * (1.0 / math.sqrt(8))
+    expected = torch.softmax(scores, dim=-1).bfloat16() @ v.bfloat16()
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)

@@ -125,12 +125,13 @@ def test_cct_flops_per_image_counted_by_flop_counter_mode() -> None:
 
 
 def test_preset_parameter_counts() -> None:
-    """vit-cifar 1.81M, vit-cifar-small 0.81M, cct-cifar 0.88M, and the paper's CCT-7/3x1 at
-    its Table 2 size."""
+    """vit-cifar 1.81M, vit-cifar-small 0.81M, cct-cifar 0.88M, cct-cifar-small 0.62M, and the
+    paper's CCT-7/3x1 at its Table 2 size."""
     for name, n in (
         ("vit-cifar", 1_806_538),
         ("vit-cifar-small", 811_146),
         ("cct-cifar", 880_203),
+        ("cct-cifar-small", 615_243),
         ("cct7-3x1", 3_765_515),
     ):
         config = VIT_PRESETS.get(name) or PRESETS[name]

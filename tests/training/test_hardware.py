@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from attnlab.cli import main
+from attnlab.layers.attention_backends import math_attention
 from attnlab.models import GPT, GPTConfig
 from attnlab.training.config import TrainConfig
 from attnlab.training.data import TokenStream
@@ -83,6 +84,14 @@ def test_mixed_precision_keeps_float32_weights_and_optimizer_state() -> None:
     assert moments and all(m.dtype == torch.float32 for m in moments)
     # on the CPU the mixed modes compute attention in float32
     assert isinstance(trainer.module.layers[0].self_attn.backend, Float32Attention)
+
+
+def test_mixed_precision_leaves_the_math_backend_under_autocast() -> None:
+    """Its products autocast like any matmul; its scores and softmax are float32 already."""
+    _, objective, train = gpt_setup(precision="bf16-mixed", steps=2)
+    trainer = Trainer(GPT(dataclasses.replace(TINY, attn_backend="math")), objective, train)
+    assert trainer.module.layers[0].self_attn.backend is math_attention
+    assert all(math.isfinite(x) for x in trainer.fit().losses)
 
 
 def test_pure_bf16_trains_bfloat16_weights_and_state() -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from attnlab import build_model
-from attnlab.layers.attention_backends import get_attention_backend
+from attnlab.layers.attention_backends import get_attention_backend, math_attention
+from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.transforms.precision import Float32Attention, float32_attention
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -58,3 +60,10 @@ def test_a_bf16_autocast_vit_trains_with_float32_attention() -> None:
     torch.nn.functional.cross_entropy(logits.float(), y).backward()
     grads = [p.grad for p in model.parameters()]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_skip_leaves_the_named_backends_as_they_are() -> None:
+    model = nn.Sequential(MultiHeadAttention(16, 2, backend="math"), MultiHeadAttention(16, 2))
+    float32_attention(model, skip=(math_attention,))
+    assert model[0].backend is math_attention
+    assert isinstance(model[1].backend, Float32Attention)

@@ -128,9 +128,14 @@ def scaled_dot_product_attention(
     v = repeat_kv(v, H // H_kv)  # (B, H, S, Dv)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
 
-    # Scores in at least float32: half-precision scores overflow for large logits.
+    # Scores in at least float32: half-precision scores overflow for large logits. Under
+    # autocast the product itself runs in 16 bits (casting q and k up first would only be cast
+    # back) and its result is cast up, so the masking and the softmax are float32 there too.
     compute_dtype = torch.promote_types(q.dtype, torch.float32)
-    scores = (q.to(compute_dtype) @ k.to(compute_dtype).transpose(-2, -1)) * scale  # (B,H,T,S)
+    if torch.is_autocast_enabled(q.device.type):
+        scores = (q @ k.transpose(-2, -1)).to(compute_dtype) * scale  # (B, H, T, S)
+    else:
+        scores = (q.to(compute_dtype) @ k.to(compute_dtype).transpose(-2, -1)) * scale
 
     keep: Tensor | None = None  # bool, broadcastable to (B, H, T, S): True = may attend
     if is_causal:

@@ -18,6 +18,7 @@ Shapes: q ``(B, H, T, D)``, k, v ``(B, H_kv, S, D)`` -> ``(B, H, T, D)``.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -62,11 +63,19 @@ class Float32Attention:
         return getattr(self.backend, name)
 
 
-def float32_attention(model: nn.Module) -> nn.Module:
+def float32_attention(model: nn.Module, *, skip: Collection[AttentionBackend] = ()) -> nn.Module:
     """Make every :class:`MultiHeadAttention` of ``model`` compute its attention in float32
-    (in place; applying it twice changes nothing); returns ``model``."""
+    (in place; applying it twice changes nothing); returns ``model``.
+
+    Args:
+        skip: backends left as they are (compared by identity, e.g.
+            ``attention_backends.math_attention``, whose products autocast like any matmul and
+            whose softmax is float32 already).
+    """
     for m in model.modules():
-        if isinstance(m, MultiHeadAttention) and not isinstance(m.backend, Float32Attention):
+        if not isinstance(m, MultiHeadAttention) or isinstance(m.backend, Float32Attention):
+            continue
+        if not any(m.backend is b for b in skip):
             m.backend = Float32Attention(m.backend)
     return model
 

@@ -61,6 +61,7 @@ MODELS = {
     "vit-cifar": "vit-cifar",
     "vit-cifar-small": "vit-cifar-small",
     "cct-cifar": "cct-cifar",
+    "cct-cifar-small": "cct-cifar-small",
     "cct7-3x1": "cct7-3x1",
 }
 ModelName = Literal[
@@ -71,6 +72,7 @@ ModelName = Literal[
     "vit-cifar",
     "vit-cifar-small",
     "cct-cifar",
+    "cct-cifar-small",
     "cct7-3x1",
 ]
 # the Transformers' optimisation (the TrainConfig below is the ResNets')
