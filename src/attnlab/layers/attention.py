@@ -85,6 +85,15 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     return x.reshape(B, H_kv * n_rep, S, D)  # (B, H, S, D)
 
 
+def _autocasting(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` (False for types autocast does not know, such
+    as ``meta``)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # "unknown device type for autocast"
+        return False
+
+
 def scaled_dot_product_attention(
     q: Tensor,
     k: Tensor,
@@ -132,7 +141,7 @@ def scaled_dot_product_attention(
     # autocast the product itself runs in 16 bits (casting q and k up first would only be cast
     # back) and its result is cast up, so the masking and the softmax are float32 there too.
     compute_dtype = torch.promote_types(q.dtype, torch.float32)
-    if torch.is_autocast_enabled(q.device.type):
+    if _autocasting(q.device.type):
         scores = (q @ k.transpose(-2, -1)).to(compute_dtype) * scale  # (B, H, T, S)
     else:
         scores = (q.to(compute_dtype) @ k.to(compute_dtype).transpose(-2, -1)) * scale
