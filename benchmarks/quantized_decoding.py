@@ -8,8 +8,10 @@ decoding with EOS off (every run makes exactly the requested tokens); the compet
 - attnlab fp32 (its decode-time weight copies on, as ``generate`` does), and attnlab quantized by
   :func:`attnlab.quantize`: ``int8`` / ``int4`` (linears; the tied LM head and embedding stay
   fp32), ``+head`` (the LM head quantized too: 31% of GPT-2 small's weights; the embedding keeps
-  its fp32 table for look-ups, so the tie is broken), optionally ``-f32act`` (float32 rows into
-  the kernels: their slow scalar path; batch 1 only, ``--with-f32act``);
+  its fp32 table for look-ups, so the tie is broken). Their rows are float32 into attnlab's own
+  kernels (:mod:`attnlab.transforms.woq_kernels`, the default where they build);
+  ``--with-bf16act`` adds ``-bf16act`` variants: bfloat16 rows into PyTorch's kernels
+  (``aten._weight_int8pack_mm``, ``aten._weight_int4pack_mm_for_cpu``), the default before them;
 - transformers fp32 ``generate``;
 - transformers' dynamic int8: ``torch.ao.quantization.quantize_dynamic(model, {nn.Linear})``
   (fbgemm/x86; it quantizes the *activations* too, per tensor, at every call). GPT-2's blocks are
@@ -26,7 +28,8 @@ by the memory bandwidth measured here (a 256 MiB tensor copy, read + write, as i
 
 A kernel table comes first: one GPT-2 FFN projection (768 -> 3072) and the LM head (768 ->
 50257), 1 and 8 rows, through ``F.linear`` (fp32), attnlab's fp32 decode copy, the int8 and int4
-kernels with bfloat16 and float32 rows, and the reference (dequantize + ``F.linear``).
+kernels (attnlab's with float32 rows; PyTorch's with bfloat16 and with float32 rows), and the
+reference (dequantize + ``F.linear``).
 
 Results: ``benchmarks/results/quantized_decoding.{md,json}``.
 
@@ -55,7 +58,7 @@ from torch import nn
 import attnlab
 from attnlab.analysis.attention_bench import describe_machine, machine_info
 from attnlab.generation import stream
-from attnlab.transforms import quantize, quantized_weight_bytes
+from attnlab.transforms import quantize, quantized_weight_bytes, woq_kernels
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from generation import _rotations, _StepClock, copy_bandwidth
@@ -67,14 +70,15 @@ HF, HF_DYN, HF_DYN_ALL = (
     ("transformers dyn-int8 (Conv1D->Linear)"),
 )
 VARIANT = re.compile(
-    r"(?P<fmt>int8|int4)(?:g(?P<g>\d+))?(?P<head>\+head)?(?P<emb>\+emb)?(?P<f32>-f32act)?"
+    r"(?P<fmt>int8|int4)(?:g(?P<g>\d+))?(?P<head>\+head)?(?P<emb>\+emb)?(?P<act>-f32act|-bf16act)?"
 )
 Run = Callable[[torch.Tensor, int], tuple[torch.Tensor, list[float]]]  # -> tokens, stamps
 
 
 def parse_variant(name: str, group_size: int = 128) -> dict[str, Any] | None:
     """``quantize`` keyword arguments of a variant name (``None`` for ``"fp32"``): ``int8``,
-    ``int4``, ``int4g32`` (group size), ``+head``, ``+emb``, ``-f32act``, e.g. ``int4+head``.
+    ``int4``, ``int4g32`` (group size), ``+head``, ``+emb``, ``-f32act`` / ``-bf16act`` (the
+    activation dtype; default: the library's), e.g. ``int4+head``.
 
     Raises:
         ValueError: for a name of another form.
@@ -83,13 +87,15 @@ def parse_variant(name: str, group_size: int = 128) -> dict[str, Any] | None:
         return None
     m = VARIANT.fullmatch(name)
     if m is None:
-        raise ValueError(f"variant {name!r}: expected fp32 or int8|int4[gN][+head][+emb][-f32act]")
+        raise ValueError(
+            f"variant {name!r}: expected fp32 or int8|int4[gN][+head][+emb][-f32act|-bf16act]"
+        )
     return {
         "format": m["fmt"],
         "group_size": int(m["g"]) if m["g"] else group_size,
         "include_lm_head": bool(m["head"]),
         "include_embedding": bool(m["emb"]),
-        "activation_dtype": "float32" if m["f32"] else "bfloat16",
+        "activation_dtype": {"-f32act": "float32", "-bf16act": "bfloat16"}.get(m["act"] or ""),
     }
 
 
@@ -249,8 +255,17 @@ def kernel_table(shapes: list[tuple[int, int]], rows: list[int], reps: int) -> l
         for act in ("bfloat16", "float32"):
             q8 = Int8Linear.from_linear(lin, activation_dtype=act)
             q4 = Int4Linear.from_linear(lin, group_size=g, activation_dtype=act)
-            paths[f"int8 kernel, {act} rows"] = (q8, 1)
-            paths[f"int4 kernel (g{g}), {act} rows"] = (q4, 0.5)  # type: ignore[assignment]
+            if q8.kernel == woq_kernels.KERNEL_INT8:  # attnlab's own, then PyTorch's float32 path
+                paths["int8 attnlab kernel, float32 rows"] = (q8, 1)
+                q8 = copy.deepcopy(q8)
+                q8.kernel = "aten._weight_int8pack_mm"
+            if q4.kernel == woq_kernels.KERNEL_INT4:
+                paths[f"int4 attnlab kernel (g{g}), float32 rows"] = (q4, 0.5)  # type: ignore[assignment]
+                q4 = copy.deepcopy(q4)
+                q4.kernel = "aten._weight_int4pack_mm_for_cpu"
+                q4.prepare_kernel()
+            paths[f"int8 aten kernel, {act} rows"] = (q8, 1)
+            paths[f"int4 aten kernel (g{g}), {act} rows"] = (q4, 0.5)  # type: ignore[assignment]
         ref = Int8Linear.from_linear(lin)
         paths["int8 reference (dequantize + F.linear)"] = (
             lambda x, m=ref: torch.nn.functional.linear(x, m.dequantize()),
@@ -377,8 +392,8 @@ def _competitors(
         model = quantized_copy(ours, name, args.group_size)
         runs[name] = ours_run(model)
         bytes_[name] = quantized_weight_bytes(model).per_token
-    if args.with_f32act:
-        for name in ("int8-f32act", "int4-f32act"):
+    if args.with_bf16act:
+        for name in ("int8-bf16act", "int8+head-bf16act", "int4-bf16act", "int4+head-bf16act"):
             model = quantized_copy(ours, name, args.group_size)
             runs[name], bytes_[name] = ours_run(model), quantized_weight_bytes(model).per_token
     runs[HF], bytes_[HF] = hf_run(hf), hf_bytes_per_token(hf)
@@ -400,7 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kernel-reps", type=int, default=15)
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
-    parser.add_argument("--with-f32act", action="store_true", help="float32-row kernels, batch 1")
+    parser.add_argument(
+        "--with-bf16act", action="store_true", help="also bfloat16 rows into PyTorch's kernels"
+    )
     parser.add_argument("--no-dynamic", action="store_true", help="skip transformers dyn-int8")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes; results to a temp dir")
     parser.add_argument("--json", default=None)
@@ -418,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         shapes, args.group_size = [(256, 64)], 64
         args.prompt_len, args.new_tokens, args.repeats, args.kernel_reps = 8, 8, 1, 3
-        args.batch_sizes, args.with_f32act = "1,2", True
+        args.batch_sizes, args.with_bf16act = "1,2", True
         out_dir = Path(tempfile.gettempdir())
     import transformers
 
@@ -439,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         ours, hf = build_models(config, Path(tmp))
     runs, bytes_ = _competitors(ours, hf, args)
     floors = {k: v / (meta["copy_gb_s"] * 1e9) * 1e3 for k, v in bytes_.items()}
-    only_b1 = {"int8-f32act", "int4-f32act"}
+    only_b1: set[str] = set()
     for batch in map(int, args.batch_sizes.split(",")):
         g = torch.Generator().manual_seed(0)
         ids = torch.randint(0, config.vocab_size, (batch, args.prompt_len), generator=g)

@@ -23,7 +23,7 @@ Targets of issue 27: int8 within 0.02 nats (validation loss) and 0.5 BLEU of fp3
 as it is. Results: ``benchmarks/results/quantized_quality.{md,json}``.
 
     python benchmarks/quantized_quality.py --lm-run runs/shakespeare-char \
-        --mt-model runs/de-en [--variants fp32,int8,int4,int8+head,int4+head,int8-f32act]
+        --mt-model runs/de-en [--variants fp32,int8,int4,int8+head,int4+head,int8-bf16act]
     python benchmarks/quantized_quality.py --smoke   # trains two tiny runs first; /tmp results
 """
 
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--lm-run", type=Path, help="a shakespeare-char run directory")
     parser.add_argument("--mt-model", type=Path, help="a translation model/run directory")
-    parser.add_argument("--variants", default="fp32,int8,int4,int8+head,int4+head,int8-f32act")
+    parser.add_argument("--variants", default="fp32,int8,int4,int8+head,int4+head,int8-bf16act")
     parser.add_argument("--group-size", type=int, default=128)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=64)

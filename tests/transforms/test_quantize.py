@@ -43,6 +43,7 @@ from attnlab.transforms import (
     save_quantized,
 )
 from attnlab.transforms import quant_formats as qf
+from attnlab.transforms import woq_kernels as wk
 from attnlab.transforms.decode_weights import _decoder_parts
 from attnlab.transforms.quant_modules import REFERENCE
 
@@ -137,11 +138,13 @@ def test_int8_kernel_equals_reference(n: int, k: int, shape: tuple[int, ...]) ->
     lin = _linear(n, k)
     x = torch.randn(*shape, k)
     exact = Int8Linear.from_linear(lin, activation_dtype="float32")
-    assert exact.kernel == "aten._weight_int8pack_mm"
-    out, ref, bound = _kernel_vs_reference(exact, x)
-    assert out.shape == (*shape, n) and out.dtype == torch.float32
-    assert bool(((out - ref).abs() <= 1e-5 * bound + 1e-7).all())
-    fast = Int8Linear.from_linear(lin)  # bfloat16 activations
+    assert exact.kernel == (wk.KERNEL_INT8 if wk.available() else "aten._weight_int8pack_mm")
+    for kernel in [wk.KERNEL_INT8] * wk.available() + ["aten._weight_int8pack_mm"]:
+        exact.kernel = kernel  # attnlab's float32 kernel, then PyTorch's scalar float32 path
+        out, ref, bound = _kernel_vs_reference(exact, x)
+        assert out.shape == (*shape, n) and out.dtype == torch.float32
+        assert bool(((out - ref).abs() <= 1e-5 * bound + 1e-7).all()), kernel
+    fast = Int8Linear.from_linear(lin, activation_dtype="bfloat16")
     if k % 16:  # the kernel's bfloat16 path crashes or is wrong for such K: never used
         assert fast.kernel == REFERENCE
         with torch.inference_mode():
@@ -161,19 +164,27 @@ def test_int4_kernel_equals_reference(group_size: int, n: int) -> None:
     lin = _linear(n, 256)
     x = torch.randn(2, 3, 256)
     exact = Int4Linear.from_linear(lin, group_size=group_size, activation_dtype="float32")
+    if wk.available():  # attnlab's kernel reads the stored nibbles: no packed copy
+        assert exact.kernel == wk.KERNEL_INT4 and exact.packed.numel() == 0
+        assert exact.kernel_copy_bytes() == 0
+        out, ref, bound = _kernel_vs_reference(exact, x)
+        assert out.shape == (2, 3, n)
+        assert bool(((out - ref).abs() <= 1e-5 * bound + 1e-7).all())
+        exact.kernel = "aten._weight_int4pack_mm_for_cpu"  # then PyTorch's float32 path
+        exact.prepare_kernel()
     assert exact.kernel == "aten._weight_int4pack_mm_for_cpu"
     assert exact.packed.shape[0] == qf.padded_rows(n)  # N padded to a multiple of 16
     out, ref, bound = _kernel_vs_reference(exact, x)
     assert out.shape == (2, 3, n)
     assert bool(((out - ref).abs() <= 1e-5 * bound + 1e-7).all())
-    fast = Int4Linear.from_linear(lin, group_size=group_size)
+    fast = Int4Linear.from_linear(lin, group_size=group_size, activation_dtype="bfloat16")
     out, ref, bound = _kernel_vs_reference(fast, x)
     assert bool(((out - ref).abs() <= 2**-8 * bound + 1e-7).all())
 
 
 def test_unsupported_group_size_uses_the_reference_path() -> None:
     lin = _linear(20, 48)
-    layer = Int4Linear.from_linear(lin, group_size=16)  # the kernel takes 32..256 only
+    layer = Int4Linear.from_linear(lin, group_size=16, activation_dtype="bfloat16")  # 32..256 only
     assert layer.kernel == REFERENCE and "kernel=reference" in repr(layer)
     x = torch.randn(4, 48)
     with torch.inference_mode():
@@ -181,8 +192,8 @@ def test_unsupported_group_size_uses_the_reference_path() -> None:
 
 
 def test_empty_int4_layer_packs_when_codes_arrive() -> None:
-    source = Int4Linear.from_linear(_linear(16, 64), group_size=32)
-    empty = Int4Linear(64, 16, bias=True, group_size=32)  # how loading builds it
+    source = Int4Linear.from_linear(_linear(16, 64), group_size=32, activation_dtype="bfloat16")
+    empty = Int4Linear(64, 16, bias=True, group_size=32, activation_dtype="bfloat16")  # loading
     x = torch.randn(2, 64)
     assert not empty.uses_kernel(x)  # nothing packed yet: the reference path
     empty.load_state_dict(source.state_dict())
@@ -205,8 +216,8 @@ def test_grad_mode_and_input_gradients() -> None:
 
 
 def test_modules_report_format_and_are_not_linears() -> None:
-    q8 = Int8Linear.from_linear(_linear(16, 64))
-    q4 = Int4Linear.from_linear(_linear(16, 64), group_size=32)
+    q8 = Int8Linear.from_linear(_linear(16, 64), activation_dtype="bfloat16")
+    q4 = Int4Linear.from_linear(_linear(16, 64), group_size=32, activation_dtype="bfloat16")
     for layer in (q8, q4):
         assert not isinstance(layer, nn.Linear)
     assert "bits=8" in repr(q8) and "per-channel" in repr(q8) and "_weight_int8pack_mm" in repr(q8)
@@ -357,7 +368,7 @@ def test_weight_bytes() -> None:
     params = {id(p): p for p in model.parameters()}
     assert fp32.total_stored == sum(p.numel() * 4 for p in params.values())
     assert fp32.per_token == fp32.total_stored - model.pos_encoding.weight.numel() * 4
-    q = quantize(copy.deepcopy(model), "int8", include_lm_head=True)
+    q = quantize(copy.deepcopy(model), "int8", include_lm_head=True, activation_dtype="bfloat16")
     sizes = quantized_weight_bytes(q)
     linears = [m for m in q.modules() if isinstance(m, Int8Linear)]
     codes = sum(m.in_features * m.out_features for m in linears)
@@ -367,6 +378,10 @@ def test_weight_bytes() -> None:
     assert sizes.kernel_copies == 2 * rows  # bfloat16 scales for the kernel
     norms = sum(p.numel() * 4 for n, p in q.named_parameters() if "norm" in n)
     assert sizes.per_token == codes + 2 * rows + 4 * biases + norms
+    if wk.available():  # float32 rows, attnlab's kernel: it streams the stored scales, no copy
+        exact = quantized_weight_bytes(quantize(copy.deepcopy(model), "int8", include_lm_head=True))
+        assert exact.kernel_copies == 0
+        assert exact.per_token == codes + 4 * rows + 4 * biases + norms
 
 
 # -- bad input -------------------------------------------------------------------------------

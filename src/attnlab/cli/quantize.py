@@ -49,8 +49,9 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--include-lm-head", action="store_true", help="quantize the LM head too")
     p.add_argument("--include-embedding", action="store_true", help="and the token embedding")
     p.add_argument(
-        "--activation-dtype", choices=["bfloat16", "float32"], default="bfloat16",
-        help="rows entering the kernels: bfloat16 (fast) or float32 (exact, slow)",
+        "--activation-dtype", choices=["bfloat16", "float32"], default=None,
+        help="rows entering the kernels: float32 (exact; the default where attnlab's kernels "
+        "build) or bfloat16 (PyTorch's kernels)",
     )  # fmt: skip
     p.add_argument(
         "--checkpoint", choices=["averaged", "best", "last"], default=None,
@@ -212,7 +213,7 @@ def run_quantize(args: argparse.Namespace) -> int:
     quantized_structure(model.config, qconfig, device="meta")  # bad options fail before output
     grouping = f"groups of {qconfig.group_size}" if fmt == "int4" else "per output channel"
     print(f"quantize: {type(model).__name__} with {attnlab.count_params(model):,} parameters "
-          f"from {source} -> {fmt} ({grouping}, {args.activation_dtype} activations) -> {out}",
+          f"from {source} -> {fmt} ({grouping}, {qconfig.activation_dtype} activations) -> {out}",
           flush=True)  # fmt: skip
     before = quantized_weight_bytes(model).total_stored / 1e6
     apply_quantization(model, qconfig, empty=False)

@@ -4,8 +4,9 @@ numerator of the bandwidth floor (time per token >= bytes read per token / memor
 Decoding a token multiplies every linear weight by one row per sequence, so each weight is read
 once per step; token and position tables are only indexed (a few rows), so they are left out
 unless a linear reads them too (a tied LM head). Quantized layers count what their active path
-reads: the kernel operands (int8 codes + bfloat16 scales; int4's packed codes + bfloat16 scales
-and zeros), or the stored tensors when they run the reference path.
+reads: the stored tensors for attnlab's float32 kernels and the reference path, PyTorch's
+kernel operands otherwise (int8 codes + bfloat16 scales; int4's packed codes + bfloat16 scales
+and zeros).
 
 :func:`quantized_footprint` estimates the memory of a quantized model from its configs alone (the
 structure built on the ``meta`` device with one and two layers, nothing allocated), for the

@@ -1,18 +1,21 @@
 """Quantized stand-ins for ``nn.Linear``: int8 and int4 weights, float activations (inference).
 
 :class:`Int8Linear` and :class:`Int4Linear` hold a linear layer's weight in one of the formats of
-:mod:`attnlab.transforms.quant_formats` and compute ``y = x W^T + b`` with PyTorch's packed CPU
-kernel for it (``kernel``), or with the readable reference path, ``F.linear(x, dequantize(), b)``
-in float32, when the kernel is missing, does not take the shape, the input is off the CPU, or a
-gradient with respect to the input is wanted. They are deliberately *not* ``nn.Linear``
+:mod:`attnlab.transforms.quant_formats` and compute ``y = x W^T + b`` with a CPU kernel
+(``kernel``): attnlab's own for float32 activations (:mod:`attnlab.transforms.woq_kernels`),
+PyTorch's packed ones for bfloat16 activations (or float32 where attnlab's cannot be built); or
+with the readable reference path, ``F.linear(x, dequantize(), b)`` in float32, when the kernel is
+missing, does not take the shape, the input is off the CPU, or a gradient with respect to the
+input is wanted. They are deliberately *not* ``nn.Linear``
 subclasses: code that special-cases ``nn.Linear`` (initialisation, the decode-time weight copies
 of :mod:`attnlab.transforms.decode_weights`) leaves them alone.
 
 State dict (what is saved): ``qweight`` (int8 ``(N, K)``, or int4 codes in the canonical nibble
 layout ``(N, ceil(K/2))`` uint8), ``scales`` (``(N,)`` or ``(N, G)`` float32), int4 ``zeros``
-``(N, G)`` float32, and ``bias`` ``(N,)`` float32 if any. The kernel operands (int4's
-CPU-specific packing, scales in the activation dtype) are non-persistent buffers, made at
-construction and again after every ``load_state_dict``.
+``(N, G)`` float32, and ``bias`` ``(N,)`` float32 if any. attnlab's kernels read exactly these.
+PyTorch's kernels need operands of their own (int4's CPU-specific packing, scales in the
+activation dtype): non-persistent buffers, made at construction and again after every
+``load_state_dict``.
 
 Shapes: x ``(..., K)`` -> ``(..., N)``.
 """
@@ -26,18 +29,29 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import attnlab.transforms.quant_formats as qf
+import attnlab.transforms.woq_kernels as wk
 
 ActivationDtype = Literal["bfloat16", "float32"]
 ACTIVATION_DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 REFERENCE = "reference (dequantize + F.linear)"
 
 
-def activation_dtype_name(value: str | torch.dtype) -> ActivationDtype:
-    """``"bfloat16"``/``"float32"`` from a name or a ``torch.dtype``.
+def default_activation_dtype() -> ActivationDtype:
+    """``"float32"`` where attnlab's own kernels are available (exact and, at decoding sizes,
+    faster than PyTorch's bfloat16 path; :mod:`attnlab.transforms.woq_kernels`), else
+    ``"bfloat16"`` (PyTorch's kernels vectorise only bfloat16 rows)."""
+    return "float32" if wk.available() else "bfloat16"
+
+
+def activation_dtype_name(value: str | torch.dtype | None) -> ActivationDtype:
+    """``"bfloat16"``/``"float32"`` from a name or a ``torch.dtype``; ``None``: the default
+    (:func:`default_activation_dtype`).
 
     Raises:
         ValueError: for anything else, naming the valid values.
     """
+    if value is None:
+        return default_activation_dtype()
     for name, dtype in ACTIVATION_DTYPES.items():
         if value in (name, dtype):
             return name  # type: ignore[return-value]
@@ -60,7 +74,7 @@ class QuantizedLinear(nn.Module):
         out_features: int,
         *,
         bias: bool,
-        activation_dtype: str | torch.dtype = "bfloat16",
+        activation_dtype: str | torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
@@ -110,6 +124,19 @@ class QuantizedLinear(nn.Module):
         Raises:
             ValueError: if the last dimension of ``x`` is not ``in_features``.
         """
+        kernel = self.kernel
+        if (
+            (kernel == wk.KERNEL_INT8 or kernel == wk.KERNEL_INT4)
+            and x.dtype == torch.float32
+            and x.is_cpu
+            and self.qweight.is_cpu
+            and x.shape[-1] == self.in_features
+            and not (x.requires_grad and torch.is_grad_enabled())
+        ):  # the decoding path, kept short: it runs ~70 times per GPT-2 token
+            rows = x.reshape(-1, self.in_features)  # (M, K)
+            if not rows.is_contiguous():
+                rows = rows.contiguous()
+            return self._kernel_linear(rows).view(*x.shape[:-1], self.out_features)
         if x.shape[-1] != self.in_features:
             raise ValueError(
                 f"expected input (..., {self.in_features}), got shape {tuple(x.shape)}"
@@ -118,11 +145,18 @@ class QuantizedLinear(nn.Module):
             return F.linear(x, self.dequantize().to(x.dtype), self._bias_as(x))
         dtype = ACTIVATION_DTYPES[self.activation_dtype]
         rows = x.reshape(-1, self.in_features).to(dtype).contiguous()  # (M, K)
-        out = self._kernel_mm(rows).to(x.dtype)  # (M, N)
-        bias = self._bias_as(x)
-        if bias is not None:
-            out.add_(bias)
+        if self.kernel in (wk.KERNEL_INT8, wk.KERNEL_INT4):
+            out = self._kernel_linear(rows).to(x.dtype)  # (M, N), bias added by the kernel
+        else:
+            out = self._kernel_mm(rows).to(x.dtype)  # (M, N)
+            bias = self._bias_as(x)
+            if bias is not None:
+                out.add_(bias)
         return out.reshape(*x.shape[:-1], self.out_features)  # (..., N)
+
+    def _kernel_linear(self, x: Tensor) -> Tensor:
+        """``x (M, K)`` float32 contiguous -> ``(M, N)`` with the bias, by attnlab's kernel."""
+        raise NotImplementedError
 
     def _bias_as(self, x: Tensor) -> Tensor | None:
         return None if self.bias is None else self.bias.to(x.dtype)
@@ -166,13 +200,18 @@ def _check_linear(linear: nn.Module) -> nn.Linear:
 
 
 class Int8Linear(QuantizedLinear):
-    """int8 weight, symmetric per output channel; kernel ``aten._weight_int8pack_mm`` (with
-    bfloat16 activations only for ``in_features`` a multiple of 16; otherwise the reference).
+    """int8 weight, symmetric per output channel.
+
+    Kernels: float32 activations use attnlab's own (:mod:`attnlab.transforms.woq_kernels`,
+    exact float32 rows) where it is available, else ``aten._weight_int8pack_mm``'s scalar float32
+    path; bfloat16 activations use ``aten._weight_int8pack_mm`` (``in_features`` a multiple of
+    16; otherwise the reference path).
 
     Args:
         in_features: K. out_features: N. bias: whether there is a bias.
-        activation_dtype: ``"bfloat16"`` (the kernel's fast path; its input rows are rounded to
-            bfloat16) or ``"float32"`` (exact activations, the kernel's slow scalar path).
+        activation_dtype: ``"float32"`` (exact activations) or ``"bfloat16"`` (input rows rounded
+            to bfloat16 for PyTorch's vectorised kernel); ``None``: float32 where attnlab's
+            kernels are available, else bfloat16.
     """
 
     bits = 8
@@ -184,7 +223,7 @@ class Int8Linear(QuantizedLinear):
         out_features: int,
         *,
         bias: bool,
-        activation_dtype: str | torch.dtype = "bfloat16",
+        activation_dtype: str | torch.dtype | None = None,
     ) -> None:
         super().__init__(in_features, out_features, bias=bias, activation_dtype=activation_dtype)
         self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
@@ -193,11 +232,13 @@ class Int8Linear(QuantizedLinear):
         dtype = ACTIVATION_DTYPES[self.activation_dtype]
         supported = qf.int8_kernel_supports(in_features, dtype)
         self.kernel = "aten._weight_int8pack_mm" if supported else REFERENCE
+        if dtype == torch.float32 and wk.int8_supports(in_features):
+            self.kernel = wk.KERNEL_INT8
         self.prepare_kernel()
 
     @classmethod
     def from_linear(
-        cls, linear: nn.Module, *, activation_dtype: str | torch.dtype = "bfloat16"
+        cls, linear: nn.Module, *, activation_dtype: str | torch.dtype | None = None
     ) -> Int8Linear:
         """Quantize ``linear`` (an ``nn.Linear``; its weight is read, not changed).
 
@@ -241,17 +282,24 @@ class Int8Linear(QuantizedLinear):
     def _kernel_mm(self, x: Tensor) -> Tensor:
         return qf.int8_kernel_mm(x, self.qweight, self.kernel_scales)
 
+    def _kernel_linear(self, x: Tensor) -> Tensor:
+        return torch.ops.attnlab_woq.int8_linear(x, self.qweight, self.scales, self.bias, 0)
+
     def read_tensors(self) -> list[Tensor]:
         if self.kernel == REFERENCE:
             return self.stored_tensors()
         bias = [] if self.bias is None else [self.bias]
-        return [self.qweight, self.kernel_scales, *bias]
+        scales = self.scales if self.kernel == wk.KERNEL_INT8 else self.kernel_scales
+        return [self.qweight, scales, *bias]
 
 
 class Int4Linear(QuantizedLinear):
-    """int4 weight, asymmetric per group of ``group_size`` inputs; kernel
-    ``aten._weight_int4pack_mm_for_cpu`` for group sizes 32, 64, 128 and 256 (others: the
-    reference path).
+    """int4 weight, asymmetric per group of ``group_size`` inputs.
+
+    Kernels: float32 activations use attnlab's own (:mod:`attnlab.transforms.woq_kernels`; group
+    sizes that are multiples of 16; it reads the stored nibbles, no second copy) where it is
+    available; otherwise, and for bfloat16 activations, ``aten._weight_int4pack_mm_for_cpu`` for
+    group sizes 32, 64, 128 and 256 (a private packed copy of the codes); others: the reference.
 
     Args:
         in_features: K. out_features: N. bias: whether there is a bias.
@@ -274,7 +322,7 @@ class Int4Linear(QuantizedLinear):
         *,
         bias: bool,
         group_size: int = 128,
-        activation_dtype: str | torch.dtype = "bfloat16",
+        activation_dtype: str | torch.dtype | None = None,
     ) -> None:
         super().__init__(in_features, out_features, bias=bias, activation_dtype=activation_dtype)
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
@@ -290,6 +338,9 @@ class Int4Linear(QuantizedLinear):
         self.register_buffer("kernel_scale_and_zero", torch.zeros(0), persistent=False)
         supported = qf.int4_kernel_supports(group_size, in_features)
         self.kernel = "aten._weight_int4pack_mm_for_cpu" if supported else REFERENCE
+        dtype = ACTIVATION_DTYPES[self.activation_dtype]
+        if dtype == torch.float32 and wk.int4_supports(group_size, in_features):
+            self.kernel = wk.KERNEL_INT4
         # packed when codes arrive (set_codes, load_state_dict): until then the reference path
 
     @classmethod
@@ -298,7 +349,7 @@ class Int4Linear(QuantizedLinear):
         linear: nn.Module,
         *,
         group_size: int = 128,
-        activation_dtype: str | torch.dtype = "bfloat16",
+        activation_dtype: str | torch.dtype | None = None,
     ) -> Int4Linear:
         """Quantize ``linear`` (an ``nn.Linear``; its weight is read, not changed).
 
@@ -328,12 +379,12 @@ class Int4Linear(QuantizedLinear):
         self.prepare_kernel(q)
 
     def kernel_ready(self) -> bool:
-        return self.packed.numel() > 0
+        return self.kernel == wk.KERNEL_INT4 or self.packed.numel() > 0
 
     def kernel_copy_bytes(self) -> int:
         """The packed codes ``(N_pad, K/2)`` uint8 and ``scale_and_zero`` ``(G, N_pad, 2)`` in
         the activation dtype (none for the reference path)."""
-        if self.kernel == REFERENCE:
+        if self.kernel in (REFERENCE, wk.KERNEL_INT4):
             return 0
         n_pad, groups = qf.padded_rows(self.out_features), self.in_features // self.group_size
         itemsize = ACTIVATION_DTYPES[self.activation_dtype].itemsize
@@ -345,7 +396,7 @@ class Int4Linear(QuantizedLinear):
 
     def prepare_kernel(self, codes: Tensor | None = None) -> None:
         """(Re)make the kernel operands (``codes``: :meth:`codes`, when the caller has them)."""
-        if self.kernel == REFERENCE or self.qweight.device.type != "cpu":
+        if self.kernel in (REFERENCE, wk.KERNEL_INT4) or self.qweight.device.type != "cpu":
             return
         dtype = ACTIVATION_DTYPES[self.activation_dtype]
         self.packed, self.kernel_scale_and_zero = qf.int4_kernel_pack(
@@ -364,8 +415,11 @@ class Int4Linear(QuantizedLinear):
             x, self.packed, self.group_size, self.kernel_scale_and_zero, self.out_features
         )
 
+    def _kernel_linear(self, x: Tensor) -> Tensor:
+        return wk.int4_linear(x, self.qweight, self.scales, self.zeros, self.group_size, self.bias)
+
     def read_tensors(self) -> list[Tensor]:
-        if self.kernel == REFERENCE:
+        if self.kernel in (REFERENCE, wk.KERNEL_INT4):
             return self.stored_tensors()
         bias = [] if self.bias is None else [self.bias]
         return [self.packed, self.kernel_scale_and_zero, *bias]
@@ -378,4 +432,5 @@ __all__ = [
     "Int8Linear",
     "QuantizedLinear",
     "activation_dtype_name",
+    "default_activation_dtype",
 ]

@@ -19,8 +19,9 @@ token embedding (GPT, the paper's §3.4 sharing) is handled as follows:
   ``model.quantization_config.untied``; :func:`~attnlab.transforms.quant_io.load_quantized`
   rebuilds the same structure.
 
-Deviations from gpt-fast: float32 models (gpt-fast runs bfloat16 models); the kernels' input rows
-are bfloat16 by default (``activation_dtype``), see :mod:`attnlab.transforms.quant_formats`.
+Deviations from gpt-fast: float32 models and float32 activations (gpt-fast runs bfloat16 models),
+through attnlab's own CPU kernels where they build (:mod:`attnlab.transforms.woq_kernels`), else
+bfloat16 rows into PyTorch's (``activation_dtype``; :mod:`attnlab.transforms.quant_formats`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from attnlab.transforms.quant_modules import (
     Int8Linear,
     QuantizedLinear,
     activation_dtype_name,
+    default_activation_dtype,
 )
 
 logger = logging.getLogger(__name__)
@@ -62,7 +64,8 @@ class QuantizationConfig:
     group_size: int | None = None  # int4 only
     include_lm_head: bool = False
     include_embedding: bool = False
-    activation_dtype: ActivationDtype = "bfloat16"
+    # float32 where attnlab's kernels are available here, else bfloat16 (None: the same)
+    activation_dtype: ActivationDtype = field(default_factory=default_activation_dtype)
     modules: tuple[str, ...] = ()
     untied: tuple[tuple[str, str], ...] = ()
 
@@ -75,7 +78,7 @@ class QuantizationConfig:
                 raise ValueError(f"group_size={g!r} must be a positive integer for int4")
         elif self.group_size is not None:
             raise ValueError(f"group_size={self.group_size!r} applies to int4 only (int8: None)")
-        activation_dtype_name(self.activation_dtype)
+        object.__setattr__(self, "activation_dtype", activation_dtype_name(self.activation_dtype))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -281,7 +284,7 @@ def quantize(
     group_size: int = 128,
     include_lm_head: bool = False,
     include_embedding: bool = False,
-    activation_dtype: str = "bfloat16",
+    activation_dtype: str | None = None,
 ) -> nn.Module:
     """Quantize ``model``'s linear layers in place (weight-only) and return it.
 
@@ -297,9 +300,10 @@ def quantize(
         include_lm_head: also quantize the LM head (``lm_head``, or any linear sharing its
             weight with a token embedding); see the module doc for tied heads.
         include_embedding: also quantize token embeddings (row look-ups into a quantized table).
-        activation_dtype: ``"bfloat16"`` (the kernels' fast path; rows rounded to bfloat16 on
-            the way in) or ``"float32"`` (exact, slow); see
-            :mod:`~attnlab.transforms.quant_formats`.
+        activation_dtype: the rows entering the quantized layers: ``"float32"`` (exact; attnlab's
+            own kernels, :mod:`~attnlab.transforms.woq_kernels`) or ``"bfloat16"`` (PyTorch's
+            kernels' vectorised path: rows rounded to bfloat16 on the way in). ``None``
+            (default): float32 where attnlab's kernels could be built here, else bfloat16.
 
     Returns:
         ``model``, with ``model.quantization_config`` (a :class:`QuantizationConfig`) set.

@@ -1,0 +1,154 @@
+"""attnlab's own CPU kernels for weight-only int8/int4 products with float32 activations.
+
+PyTorch ships CPU kernels for both formats (``aten::_weight_int8pack_mm``,
+``aten::_weight_int4pack_mm_for_cpu``), but they vectorise bfloat16 activations only; with
+float32 ones they run scalar loops several times slower than a float32 ``F.linear``. The kernels
+of ``csrc/woq_gemm.cpp`` (AVX2 + FMA, torch's thread pool) read each weight byte once, widen it
+to float32 in registers and multiply in float32: exact float32 activations, at close to the
+memory-bandwidth cost of the codes. They read the stored codes directly (int8 ``(N, K)``, int4 in
+the canonical nibble layout), so they need no second, kernel-private copy of the weights.
+
+The extension is compiled on first use with ``torch.utils.cpp_extension`` (a C++ compiler and
+ninja; about half a minute, cached under ``TORCH_EXTENSIONS_DIR``, default
+``~/.cache/torch_extensions``). :func:`available` says whether it could be built and loaded
+here; it is ``False`` off x86-64, on a CPU without AVX2, when ``ATTNLAB_NO_CPP_KERNELS=1`` is set,
+or when the build fails (logged once as a warning; the quantized layers then use PyTorch's kernels
+or the reference path).
+
+Shapes: x ``(M, K)`` float32 contiguous -> ``(M, N)`` float32.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "woq_gemm.cpp"
+NAME = "attnlab_woq"
+KERNEL_INT8 = "attnlab woq_gemm int8 (AVX2, float32 activations)"
+KERNEL_INT4 = "attnlab woq_gemm int4 (AVX2, float32 activations)"
+K_MULTIPLE = 16  # the int4 loop takes inputs 16 at a time; int8 any K (tail handled)
+
+_state: dict[str, bool | str] = {}
+
+
+def _cpu_supported() -> tuple[bool, str]:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False, f"not an x86-64 machine ({platform.machine()})"
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        return False, f"torch reports CPU capability {capability}, the kernels need AVX2"
+    return True, ""
+
+
+def _ninja_on_path() -> None:
+    """Put the ``ninja`` package's binary on PATH (a venv's bin is not there unless activated)."""
+    try:
+        import ninja
+    except ImportError:
+        return
+    bin_dir = str(getattr(ninja, "BIN_DIR", ""))
+    path = os.environ.get("PATH", "")
+    if bin_dir and bin_dir not in path.split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + path
+
+
+def _build() -> None:
+    from torch.utils import cpp_extension
+
+    _ninja_on_path()
+    cpp_extension.load(
+        name=NAME,
+        sources=[str(SOURCE)],
+        extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", "-std=c++17"],
+        extra_ldflags=["-fopenmp"],
+        is_python_module=False,
+        verbose=False,
+    )
+
+
+def available() -> bool:
+    """Whether the kernels are built and loaded here (building them on the first call)."""
+    if "ok" in _state:
+        return bool(_state["ok"])
+    if os.environ.get("ATTNLAB_NO_CPP_KERNELS", "") not in ("", "0"):
+        _state.update(ok=False, reason="ATTNLAB_NO_CPP_KERNELS is set")
+        return False
+    ok, reason = _cpu_supported()
+    if ok:
+        try:
+            _build()
+            ok = hasattr(torch.ops, NAME) and hasattr(getattr(torch.ops, NAME), "int8_linear")
+            reason = "" if ok else "the extension loaded but registered no operators"
+        except Exception as err:  # a missing compiler, ninja or headers: fall back, say why
+            ok, reason = False, f"{type(err).__name__}: {str(err).strip().splitlines()[-1:]}"
+            logger.warning("attnlab's int8/int4 CPU kernels could not be built (%s)", reason)
+    _state.update(ok=ok, reason=reason)
+    return ok
+
+
+def unavailable_reason() -> str:
+    """Why :func:`available` is ``False`` (empty when it is ``True``)."""
+    available()
+    return str(_state.get("reason", ""))
+
+
+def int8_supports(in_features: int) -> bool:
+    """Whether the int8 kernel takes this K here (any K, once the kernels are available)."""
+    return in_features > 0 and available()
+
+
+def int4_supports(group_size: int, in_features: int) -> bool:
+    """Whether the int4 kernel takes this group size and K here."""
+    return (
+        group_size % K_MULTIPLE == 0
+        and in_features % group_size == 0
+        and in_features % 2 == 0
+        and available()
+    )
+
+
+def int8_linear(
+    x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None, *, avx2_only: bool = False
+) -> Tensor:
+    """``x (M, K) @ (q (N, K) int8 · scale (N,))^T + bias`` in float32 -> ``(M, N)``.
+
+    ``avx2_only``: skip the AVX-512 loop even where the CPU has it (tests compare the two)."""
+    return torch.ops.attnlab_woq.int8_linear(x, q, scale, bias, int(avx2_only))
+
+
+def int4_linear(
+    x: Tensor,
+    codes: Tensor,
+    scale: Tensor,
+    zero: Tensor,
+    group_size: int,
+    bias: Tensor | None,
+    *,
+    avx2_only: bool = False,
+) -> Tensor:
+    """``x (M, K)`` times the int4 weight (codes ``(N, K/2)`` uint8 nibbles, scale and zero
+    ``(N, K/group_size)``) plus ``bias``, in float32 -> ``(M, N)``. The AVX-512 loop (where the
+    CPU has it) takes group sizes that are multiples of 32; ``avx2_only`` skips it."""
+    return torch.ops.attnlab_woq.int4_linear(
+        x, codes, scale, zero, group_size, bias, int(avx2_only)
+    )
+
+
+__all__ = [
+    "KERNEL_INT4",
+    "KERNEL_INT8",
+    "available",
+    "int4_linear",
+    "int4_supports",
+    "int8_linear",
+    "int8_supports",
+    "unavailable_reason",
+]
