@@ -88,17 +88,6 @@ void int8_row(const float* x, int64_t K, const int8_t* r, float scale, float bia
   }
 }
 
-void int8_range(const float* x, int64_t M, int64_t K, const int8_t* q, const float* scale,
-                const float* bias, float* y, int64_t N, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n) {
-    const int8_t* r = q + n * K;
-    const float b = bias ? bias[n] : 0.f;
-    int64_t m = 0;  // rows of x two at a time; the weight row is in L1 after the first pass
-    for (; m + 2 <= M; m += 2) int8_row<2>(x, K, r, scale[n], b, y, N, m, n);
-    for (; m < M; ++m) int8_row<1>(x, K, r, scale[n], b, y, N, m, n);
-  }
-}
-
 // x rearranged for the int4 loop: in each block of B inputs (16 for AVX2, 32 for AVX-512), the
 // B/2 even ones, then the B/2 odd ones.
 std::vector<float> split_even_odd(const float* x, int64_t M, int64_t K, int64_t B) {
@@ -157,22 +146,6 @@ void int4_row(const float* xs, const float* xsum, int64_t K, int64_t g, const ui
   for (int i = 0; i < MB; ++i) y[(m0 + i) * N + n] = hsum(total[i]) + ztotal[i] + bias;
 }
 
-template <int U>
-void int4_range(const float* xs, const float* xsum, int64_t M, int64_t K, int64_t g,
-                const uint8_t* c, const float* scale, const float* zero, const float* bias,
-                float* y, int64_t N, int64_t n0, int64_t n1) {
-  const int64_t G = K / g, half = K / 2;
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* r = c + n * half;
-    const float b = bias ? bias[n] : 0.f;
-    int64_t m = 0;
-    for (; m + 2 <= M; m += 2)
-      int4_row<2, U>(xs, xsum, K, g, r, scale + n * G, zero + n * G, b, y, N, m, n);
-    for (; m < M; ++m)
-      int4_row<1, U>(xs, xsum, K, g, r, scale + n * G, zero + n * G, b, y, N, m, n);
-  }
-}
-
 // -- AVX-512 (where the CPU has it): 16 lanes per instruction, half the instructions ----------
 
 #define ATTNLAB_AVX512 __attribute__((target("avx512f")))
@@ -224,18 +197,6 @@ ATTNLAB_AVX512 void int8_row512(const float* x, int64_t K, const int8_t* r, floa
   }
 }
 
-ATTNLAB_AVX512 void int8_range512(const float* x, int64_t M, int64_t K, const int8_t* q,
-                                  const float* scale, const float* bias, float* y, int64_t N,
-                                  int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n) {
-    const int8_t* r = q + n * K;
-    const float b = bias ? bias[n] : 0.f;
-    int64_t m = 0;
-    for (; m + 2 <= M; m += 2) int8_row512<2>(x, K, r, scale[n], b, y, N, m, n);
-    for (; m < M; ++m) int8_row512<1>(x, K, r, scale[n], b, y, N, m, n);
-  }
-}
-
 // As int4_row, 32 inputs (16 packed bytes) per block: x split in blocks of 32 (16 even, 16 odd).
 template <int MB, int U>
 ATTNLAB_AVX512 void int4_row512(const float* xs, const float* xsum, int64_t K, int64_t g,
@@ -277,20 +238,39 @@ ATTNLAB_AVX512 void int4_row512(const float* xs, const float* xsum, int64_t K, i
     y[(m0 + i) * N + n] = _mm512_reduce_add_ps(total[i]) + ztotal[i] + bias;
 }
 
-template <int U>
-ATTNLAB_AVX512 void int4_range512(const float* xs, const float* xsum, int64_t M, int64_t K,
-                                  int64_t g, const uint8_t* c, const float* scale,
-                                  const float* zero, const float* bias, float* y, int64_t N,
-                                  int64_t n0, int64_t n1) {
+// -- rows [n0, n1) of a product, for either instruction set's row kernels ------------------
+
+using Int8Row = void (*)(const float*, int64_t, const int8_t*, float, float, float*, int64_t,
+                         int64_t, int64_t);
+using Int4Row = void (*)(const float*, const float*, int64_t, int64_t, const uint8_t*,
+                         const float*, const float*, float, float*, int64_t, int64_t, int64_t);
+
+// Rows of x two at a time (Row2), the last one alone (Row1); the weight row is in L1 after the
+// first pass.
+template <Int8Row Row2, Int8Row Row1>
+void int8_range(const float* x, int64_t M, int64_t K, const int8_t* q, const float* scale,
+                const float* bias, float* y, int64_t N, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const int8_t* r = q + n * K;
+    const float b = bias ? bias[n] : 0.f;
+    int64_t m = 0;
+    for (; m + 2 <= M; m += 2) Row2(x, K, r, scale[n], b, y, N, m, n);
+    for (; m < M; ++m) Row1(x, K, r, scale[n], b, y, N, m, n);
+  }
+}
+
+template <Int4Row Row2, Int4Row Row1>
+void int4_range(const float* xs, const float* xsum, int64_t M, int64_t K, int64_t g,
+                const uint8_t* c, const float* scale, const float* zero, const float* bias,
+                float* y, int64_t N, int64_t n0, int64_t n1) {
   const int64_t G = K / g, half = K / 2;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* r = c + n * half;
     const float b = bias ? bias[n] : 0.f;
+    const float *s = scale + n * G, *z = zero + n * G;
     int64_t m = 0;
-    for (; m + 2 <= M; m += 2)
-      int4_row512<2, U>(xs, xsum, K, g, r, scale + n * G, zero + n * G, b, y, N, m, n);
-    for (; m < M; ++m)
-      int4_row512<1, U>(xs, xsum, K, g, r, scale + n * G, zero + n * G, b, y, N, m, n);
+    for (; m + 2 <= M; m += 2) Row2(xs, xsum, K, g, r, s, z, b, y, N, m, n);
+    for (; m < M; ++m) Row1(xs, xsum, K, g, r, s, z, b, y, N, m, n);
   }
 }
 
@@ -324,9 +304,9 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   const bool wide = isa != 1 && cpu_has_avx512();
   at::parallel_for(0, N, grain(M, K), [&](int64_t n0, int64_t n1) {
     if (wide)
-      int8_range512(xp, M, K, qp, sp, bp, yp, N, n0, n1);
+      int8_range<int8_row512<2>, int8_row512<1>>(xp, M, K, qp, sp, bp, yp, N, n0, n1);
     else
-      int8_range(xp, M, K, qp, sp, bp, yp, N, n0, n1);
+      int8_range<int8_row<2>, int8_row<1>>(xp, M, K, qp, sp, bp, yp, N, n0, n1);
   });
   return y;
 }
@@ -361,13 +341,17 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   const float* s2 = xsum.data();
   at::parallel_for(0, N, grain(M, K), [&](int64_t n0, int64_t n1) {
     if (wide && group_size % 64 == 0)
-      int4_range512<2>(x2, s2, M, K, group_size, cp, sp, zp, bp, yp, N, n0, n1);
+      int4_range<int4_row512<2, 2>, int4_row512<1, 2>>(x2, s2, M, K, group_size, cp, sp, zp,
+                 bp, yp, N, n0, n1);
     else if (wide)
-      int4_range512<1>(x2, s2, M, K, group_size, cp, sp, zp, bp, yp, N, n0, n1);
+      int4_range<int4_row512<2, 1>, int4_row512<1, 1>>(x2, s2, M, K, group_size, cp, sp, zp,
+                 bp, yp, N, n0, n1);
     else if (group_size % 32 == 0)
-      int4_range<2>(x2, s2, M, K, group_size, cp, sp, zp, bp, yp, N, n0, n1);
+      int4_range<int4_row<2, 2>, int4_row<1, 2>>(x2, s2, M, K, group_size, cp, sp, zp,
+                 bp, yp, N, n0, n1);
     else
-      int4_range<1>(x2, s2, M, K, group_size, cp, sp, zp, bp, yp, N, n0, n1);
+      int4_range<int4_row<2, 1>, int4_row<1, 1>>(x2, s2, M, K, group_size, cp, sp, zp,
+                 bp, yp, N, n0, n1);
   });
   return y;
 }
