@@ -191,3 +191,75 @@ def test_copies_go_with_their_model() -> None:
     del model
     gc.collect()
     assert len(_COPIES) == n - 1
+
+
+_needs_kernels = pytest.mark.skipif(
+    not importlib.import_module("attnlab.transforms.woq_kernels").available(),
+    reason="attnlab's int8/int4 CPU kernels are not built here",
+)
+
+
+@_needs_kernels
+@pytest.mark.parametrize(("fmt", "options"), [("int8", {}), ("int4", {"group_size": 16})])
+@pytest.mark.parametrize("bias", [True, False])
+def test_quantized_qkv_are_joined_and_decode_bit_for_bit(
+    fmt: str, options: dict[str, int], bias: bool
+) -> None:
+    """A quantized model's q/k/v become one kernel call inside decode_layout; the logits and the
+    greedy tokens are bitwise those of the three separate layers."""
+    from attnlab.transforms import quantize
+    from attnlab.transforms.decode_weights import QuantizedStack
+
+    model = quantize(_gpt(bias=bias), fmt, **options)  # type: ignore[arg-type]
+    ids = torch.randint(0, 50, (2, 7))
+    with torch.inference_mode():
+        expected, _ = model(ids)
+        with decode_layout(model, rows=2):
+            joined = active_copy(model.layers[0].self_attn)
+            assert isinstance(joined, QuantizedStack) and joined.is_current()
+            assert joined.layer.out_features == 3 * 32 and type(joined.layer).__name__ in (
+                "Int8Linear",
+                "Int4Linear",
+            )
+            got, _ = model(ids)
+    assert torch.equal(got, expected)
+    assert active_copy(model.layers[0].self_attn) is None  # outside the layout: restored
+    plain = attnlab.generate(model, ids, max_new_tokens=6, eos_id=())
+    generate_module = importlib.import_module("attnlab.generation.generate")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(generate_module, "decode_layout", lambda m, rows: nullcontext())
+        unjoined = attnlab.generate(model, ids, max_new_tokens=6, eos_id=())
+    assert torch.equal(plain, unjoined)
+
+
+@_needs_kernels
+def test_quantized_join_is_made_again_when_a_source_changes() -> None:
+    from attnlab.transforms import quantize
+
+    model = quantize(_gpt(), "int8")
+    attn = model.layers[0].self_attn
+    with decode_layout(model, rows=1):
+        first = active_copy(attn)
+    with decode_layout(model, rows=1):
+        assert active_copy(attn) is first  # kept between calls
+    with torch.no_grad():
+        attn.k_proj.scales.mul_(2.0)  # the source changed in place
+    ids = torch.randint(0, 50, (1, 5))
+    with torch.inference_mode(), decode_layout(model, rows=1):
+        fresh = active_copy(attn)
+        assert fresh is not first and fresh is not None and fresh.is_current()
+        got, _ = model(ids)
+    with torch.inference_mode():
+        expected, _ = model(ids)
+    assert torch.equal(got, expected)
+
+
+def test_stack_quantized_refuses_mixed_formats() -> None:
+    from attnlab.transforms.quant_modules import Int4Linear, Int8Linear, stack_quantized
+
+    a = Int8Linear.from_linear(torch.nn.Linear(32, 8), activation_dtype="float32")
+    b = Int4Linear.from_linear(torch.nn.Linear(32, 8), group_size=16, activation_dtype="float32")
+    with pytest.raises(ValueError, match="one format"):
+        stack_quantized([a, b])
+    with pytest.raises(ValueError, match="one format"):
+        stack_quantized([])

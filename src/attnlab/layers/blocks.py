@@ -59,7 +59,10 @@ class _ResidualBlock(nn.Module):
 
     def leave(self, x: Tensor, out: Tensor, norm: nn.Module) -> Tensor:
         """Residual add with dropout, then ``Norm`` for post-norm."""
-        x = x + self.dropout(out)
+        drop = self.dropout
+        # dropout is the identity in eval mode or at p = 0: skip the module call (decoding runs
+        # this twice per layer and token)
+        x = x + (drop(out) if drop.training and drop.p > 0 else out)
         return x if self.pre_norm else norm(x)
 
     def site(self, name: str, x: Tensor) -> Tensor:

@@ -93,7 +93,8 @@ class FeedForward(nn.Module):
             h = self.act(self.up_proj(x))  # (B, T, F)
         if hook is not None:
             h = hook("hidden", h)
-        return self.down_proj(self.dropout(h))
+        drop = self.dropout  # the identity in eval mode or at p = 0 (no module call then)
+        return self.down_proj(drop(h) if drop.training and drop.p > 0 else h)
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}"

@@ -30,8 +30,12 @@ the model between calls and made again only for weights that changed since (a mo
 trained gets fresh ones at each sampling call); :func:`release_copies` frees them. The price is
 memory: about 1.0x the decoder's weights (~0.5 GB for GPT-2 small) from the first decoding call
 until the model goes or :func:`release_copies`; the memory check of ``attnlab generate`` counts
-them (:func:`copy_numel`). Models off the CPU, in another dtype than fp32, without oneDNN, or
-whose projections are not ``nn.Linear`` (e.g. quantized), decode with their own modules.
+them (:func:`copy_numel`). Models off the CPU, in another dtype than fp32, or without oneDNN
+decode with their own modules; so do quantized projections
+(:mod:`attnlab.transforms.quant_modules`), except a self-attention's q/k/v run by attnlab's int8
+or int4 kernel: those are joined into one quantized layer (:class:`QuantizedStack`, a copy of
+their codes: a quarter of a GPT decoder layer's quantized bytes, not counted by
+:func:`copy_numel`), so that each token makes one kernel call for them instead of three.
 
 Shapes: (..., in) -> (..., out).
 """
@@ -53,6 +57,7 @@ from torch import Tensor, nn
 from attnlab.layers.blocks import DecoderLayer
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.models import build_model
+from attnlab.transforms.quant_modules import QuantizedLinear, stack_quantized, stackable
 
 
 def _stamps(linears: Sequence[nn.Linear]) -> tuple[tuple[int, int, int], ...]:
@@ -151,13 +156,56 @@ class DecodeWeight:
 MAX_ROWS = 2  # small (input-major) copies pay only for this many rows or fewer
 
 # model -> {self-attention or linear -> its copy}; an entry goes with its model.
-_COPIES: weakref.WeakKeyDictionary[nn.Module, dict[nn.Module, DecodeWeight]] = (
-    weakref.WeakKeyDictionary()
-)
+_COPIES: weakref.WeakKeyDictionary[nn.Module, dict[nn.Module, Any]] = weakref.WeakKeyDictionary()
 
 
 def _is_linear(m: object) -> bool:
     return isinstance(m, nn.Linear)
+
+
+@dataclass(frozen=True)
+class QuantizedStack:
+    """Quantized q/k/v layers of one self-attention joined into one (see
+    :func:`attnlab.transforms.quant_modules.stack_quantized`), with the sources' stamps.
+
+    Calling it computes the joined layer (inference only); :meth:`is_current` as
+    :meth:`DecodeWeight.is_current`, over the sources' codes, scales, zeros and biases.
+    """
+
+    layer: QuantizedLinear
+    sources: tuple[QuantizedLinear, ...]
+    stamps: tuple[tuple[int, int, int], ...]
+
+    @classmethod
+    def stack(cls, layers: Sequence[QuantizedLinear]) -> QuantizedStack:
+        """Join ``layers`` (:func:`~attnlab.transforms.quant_modules.stackable` must hold)."""
+        return cls(stack_quantized(list(layers)), tuple(layers), _quantized_stamps(layers))
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """x ``(..., in)`` -> ``(..., sum out)``."""
+        return self.layer(x)
+
+    def is_current(self) -> bool:
+        """True while no source tensor has been replaced or modified in place."""
+        return _quantized_stamps(self.sources) == self.stamps
+
+
+def _quantized_stamps(layers: Sequence[QuantizedLinear]) -> tuple[tuple[int, int, int], ...]:
+    tensors = [t for layer in layers for t in layer.stored_tensors()]
+    return tuple((id(t), t.data_ptr(), 0 if t.is_inference() else t._version) for t in tensors)
+
+
+def _quantized_qkv(model: nn.Module) -> list[MultiHeadAttention]:
+    """The decoder self-attentions whose q/k/v are quantized layers that can be joined."""
+    out = []
+    for module in model.modules():
+        if isinstance(module, DecoderLayer):
+            mha = module.self_attn
+            layers: list[nn.Module] = [mha.q_proj, mha.k_proj, mha.v_proj]
+            quantized = [p for p in layers if isinstance(p, QuantizedLinear)]
+            if len(quantized) == 3 and stackable(quantized):
+                out.append(mha)
+    return out
 
 
 def _decoder_parts(model: nn.Module) -> tuple[list[MultiHeadAttention], list[nn.Linear]]:
@@ -223,7 +271,7 @@ def _pays(linears: Sequence[nn.Linear], rows: int, stacked: bool) -> bool:
 
 
 def _current_copy(
-    copies: dict[nn.Module, DecodeWeight],
+    copies: dict[nn.Module, Any],
     owner: nn.Module,
     linears: Sequence[nn.Linear],
     rows: int,
@@ -236,6 +284,18 @@ def _current_copy(
         del old  # free the stale copy before making the new one
         copies[owner] = DecodeWeight.stack(linears, rows)
     return copies[owner]
+
+
+def _current_stack(copies: dict[nn.Module, Any], mha: MultiHeadAttention) -> QuantizedStack:
+    """``mha``'s cached joined quantized q/k/v, made again if a source changed since."""
+    layers = (mha.q_proj, mha.k_proj, mha.v_proj)
+    old = copies.pop(mha, None)
+    if isinstance(old, QuantizedStack) and old.sources == layers and old.is_current():
+        copies[mha] = old
+    else:
+        del old
+        copies[mha] = QuantizedStack.stack(layers)  # type: ignore[arg-type]
+    return copies[mha]
 
 
 @contextmanager
@@ -257,12 +317,16 @@ def decode_layout(model: nn.Module, rows: int) -> Iterator[None]:
         attentions, linears = [], []
     attentions = [m for m in attentions if _pays([m.q_proj, m.k_proj, m.v_proj], rows, True)]
     linears = [lin for lin in linears if _pays([lin], rows, False)]
-    copies = _COPIES.setdefault(model, {}) if linears or attentions else {}
+    quantized = _quantized_qkv(model)
+    copies = _COPIES.setdefault(model, {}) if linears or attentions or quantized else {}
     patched: list[tuple[nn.Module, str]] = []
     try:
         for mha in attentions:
             qkv = [mha.q_proj, mha.k_proj, mha.v_proj]
             _patch(mha, "project_qkv", _stacked_qkv(mha, _current_copy(copies, mha, qkv, rows)))
+            patched.append((mha, "project_qkv"))
+        for mha in quantized:
+            _patch(mha, "project_qkv", _stacked_qkv(mha, _current_stack(copies, mha)))
             patched.append((mha, "project_qkv"))
         for lin in linears:
             _patch(lin, "forward", _copy_forward(lin, _current_copy(copies, lin, [lin], rows)))
@@ -293,7 +357,7 @@ def _copy_forward(lin: nn.Linear, copy: DecodeWeight) -> Callable[[Tensor], Tens
 
 
 def _stacked_qkv(
-    mha: MultiHeadAttention, copy: DecodeWeight
+    mha: MultiHeadAttention, copy: DecodeWeight | QuantizedStack
 ) -> Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]:
     """``mha.project_qkv`` as one product on the stacked q/k/v ``copy`` (while current)."""
     kv = mha.n_kv_heads * mha.d_head
@@ -309,14 +373,15 @@ def _stacked_qkv(
     return project_qkv
 
 
-def active_copy(module: nn.Module) -> DecodeWeight | None:
-    """The copy ``module`` (a linear, or a self-attention's stacked q/k/v) decodes with inside
-    :func:`decode_layout`, or ``None`` (outside it, or when no copy pays)."""
+def active_copy(module: nn.Module) -> DecodeWeight | QuantizedStack | None:
+    """The copy ``module`` (a linear, or a self-attention's stacked q/k/v: a
+    :class:`QuantizedStack` for quantized ones) decodes with inside :func:`decode_layout`, or
+    ``None`` (outside it, or when no copy pays)."""
     method = module.__dict__.get(
         "project_qkv" if isinstance(module, MultiHeadAttention) else "forward"
     )
     copy = getattr(method, "copy", None)
-    return copy if isinstance(copy, DecodeWeight) else None
+    return copy if isinstance(copy, (DecodeWeight, QuantizedStack)) else None
 
 
 def release_copies(model: nn.Module) -> None:
@@ -328,6 +393,7 @@ __all__ = [
     "MAX_ROWS",
     "ONEDNN_MIN_NUMEL",
     "DecodeWeight",
+    "QuantizedStack",
     "active_copy",
     "copy_numel",
     "decode_layout",

@@ -22,7 +22,7 @@ Shapes: x ``(..., K)`` -> ``(..., N)``.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -425,6 +425,77 @@ class Int4Linear(QuantizedLinear):
         return [self.packed, self.kernel_scale_and_zero, *bias]
 
 
+def _stack_key(layer: QuantizedLinear) -> tuple[object, ...]:
+    return (
+        type(layer),
+        layer.in_features,
+        layer.activation_dtype,
+        layer.kernel,
+        getattr(layer, "group_size", None),
+        layer.bias is None,
+        layer.qweight.device,
+    )
+
+
+def stackable(layers: list[QuantizedLinear]) -> bool:
+    """Whether :func:`stack_quantized` can join ``layers``: one format (same class, group size,
+    activation dtype), same ``in_features``, all with a bias or none, on the CPU, and run by
+    attnlab's own kernel (which reads the stored codes, so joining them is a plain concatenation).
+    """
+    if not layers or not all(isinstance(layer, QuantizedLinear) for layer in layers):
+        return False
+    first = layers[0]
+    return (
+        first.kernel in (wk.KERNEL_INT8, wk.KERNEL_INT4)
+        and first.qweight.device.type == "cpu"
+        and all(_stack_key(layer) == _stack_key(first) for layer in layers)
+    )
+
+
+def stack_quantized(layers: list[QuantizedLinear]) -> QuantizedLinear:
+    """One quantized layer computing ``layers`` side by side: outputs ``(..., sum N)`` in order.
+
+    The codes, scales (and int4 zeros) and biases are concatenated along the outputs (a copy of
+    ``layers``' bytes); every output row is computed exactly as by its own layer (the kernels work
+    row by row), so splitting the result gives each layer's output bit for bit. Used to project a
+    decoder's q/k/v in one call (:func:`attnlab.transforms.decode_layout`).
+
+    Raises:
+        ValueError: if :func:`stackable` is false for ``layers``.
+    """
+    if not stackable(layers):
+        raise ValueError(
+            "stack_quantized needs quantized layers of one format (class, group size, activation "
+            "dtype, bias or not) and in_features, run by attnlab's CPU kernel; got "
+            + ", ".join(f"{type(layer).__name__}({layer.extra_repr()})" for layer in layers)
+        )
+    first = layers[0]
+    n = sum(layer.out_features for layer in layers)
+    has_bias = first.bias is not None
+    out: QuantizedLinear
+    with torch.no_grad():
+        if isinstance(first, Int4Linear):
+            int4 = Int4Linear(
+                first.in_features,
+                n,
+                bias=has_bias,
+                group_size=first.group_size,
+                activation_dtype=first.activation_dtype,
+            )
+            int4.zeros = torch.cat([cast(Int4Linear, layer).zeros for layer in layers])
+            out = int4
+        else:
+            out = Int8Linear(
+                first.in_features, n, bias=has_bias, activation_dtype=first.activation_dtype
+            )
+        out.qweight = torch.cat([layer.qweight for layer in layers])
+        out.scales = torch.cat([layer.scales for layer in layers])
+        if has_bias:
+            out.bias = torch.cat([layer.bias for layer in layers if layer.bias is not None])
+        out.prepare_kernel()
+    return out
+
+
 __all__ = [
     "ACTIVATION_DTYPES",
     "REFERENCE",
@@ -433,4 +504,6 @@ __all__ = [
     "QuantizedLinear",
     "activation_dtype_name",
     "default_activation_dtype",
+    "stack_quantized",
+    "stackable",
 ]

@@ -50,10 +50,19 @@ inline __m256 widen_int8(const int8_t* p) {  // 8 int8 -> 8 float32
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
 }
 
-// Software prefetch distance in bytes of weight codes (see the head of this file).
+// Software prefetch distance in bytes of weight codes (see the head of this file). The int8 loop
+// runs near the memory's speed, and asks for its codes further ahead, into L2 (T1), than the
+// int4 loop, which is bound by its arithmetic (2 KiB ahead, into L1). Measured on a 2-core AMD
+// EPYC (Zen 4) in one process, GPT-2-small's 49 products of a token with q/k/v joined, weights
+// streamed from memory: int8 6.51 ms with the int4 setting, 4.33 ms with this one; int4 3.78 ms
+// with its own, 3.95 ms with int8's.
 constexpr int64_t PREFETCH = 2048;
+constexpr int64_t PREFETCH_INT8 = 4096;
 
 inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+inline void prefetch_l2(const void* p) {
+  _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1);
+}
 
 // One output row n of the int8 product for MB rows of x starting at m0: the weight row is walked
 // once, front to back (a single sequential stream the prefetcher can run ahead of), 32 codes per
@@ -67,7 +76,7 @@ void int8_row(const float* x, int64_t K, const int8_t* r, float scale, float bia
   const int64_t K32 = K & ~int64_t(31), K8 = K & ~int64_t(7);
   int64_t k = 0;
   for (; k < K32; k += 32) {
-    prefetch(r + k + PREFETCH);
+    prefetch_l2(r + k + PREFETCH_INT8);
     __m256 w[4];
     for (int u = 0; u < 4; ++u) w[u] = widen_int8(r + k + 8 * u);
     for (int i = 0; i < MB; ++i) {
@@ -171,7 +180,7 @@ ATTNLAB_AVX512 void int8_row512(const float* x, int64_t K, const int8_t* r, floa
   const int64_t K64 = K & ~int64_t(63), K8 = K & ~int64_t(7);
   int64_t k = 0;
   for (; k < K64; k += 64) {
-    prefetch(r + k + PREFETCH);
+    prefetch_l2(r + k + PREFETCH_INT8);
     __m512 w[4];
     for (int u = 0; u < 4; ++u) {
       const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + k + 16 * u));
