@@ -48,7 +48,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -60,11 +60,15 @@ from attnlab.models import build_model
 from attnlab.transforms.quant_modules import QuantizedLinear, stack_quantized, stackable
 
 
-def _stamps(linears: Sequence[nn.Linear]) -> tuple[tuple[int, int, int], ...]:
-    """(identity, storage address, in-place version) of every weight and bias."""
-    tensors = [t for lin in linears for t in (lin.weight, lin.bias) if t is not None]
+def _tensor_stamps(tensors: Sequence[Tensor]) -> tuple[tuple[int, int, int], ...]:
+    """(identity, storage address, in-place version) of every tensor."""
     # Inference tensors keep no version counter (they cannot be changed outside inference mode).
     return tuple((id(t), t.data_ptr(), 0 if t.is_inference() else t._version) for t in tensors)
+
+
+def _stamps(linears: Sequence[nn.Linear]) -> tuple[tuple[int, int, int], ...]:
+    """:func:`_tensor_stamps` of every weight and bias."""
+    return _tensor_stamps([t for lin in linears for t in (lin.weight, lin.bias) if t is not None])
 
 
 ONEDNN_MIN_NUMEL = 1 << 18  # elements (1 MiB of fp32): smaller copies are input-major
@@ -191,8 +195,8 @@ class QuantizedStack:
 
 
 def _quantized_stamps(layers: Sequence[QuantizedLinear]) -> tuple[tuple[int, int, int], ...]:
-    tensors = [t for layer in layers for t in layer.stored_tensors()]
-    return tuple((id(t), t.data_ptr(), 0 if t.is_inference() else t._version) for t in tensors)
+    """:func:`_tensor_stamps` of every stored tensor (codes, scales, zeros, bias)."""
+    return _tensor_stamps([t for layer in layers for t in layer.stored_tensors()])
 
 
 def _quantized_qkv(model: nn.Module) -> list[MultiHeadAttention]:
@@ -270,6 +274,28 @@ def _pays(linears: Sequence[nn.Linear], rows: int, stacked: bool) -> bool:
     return rows <= MAX_ROWS and wide
 
 
+_Copy = TypeVar("_Copy", DecodeWeight, QuantizedStack)
+
+
+def _cached(
+    copies: dict[nn.Module, Any],
+    owner: nn.Module,
+    kind: type[_Copy],
+    sources: Sequence[nn.Module],
+    make: Callable[[], _Copy],
+) -> _Copy:
+    """``owner``'s cached copy of ``sources`` (a ``kind``), made again by ``make`` if they
+    changed since."""
+    old = copies.pop(owner, None)
+    if isinstance(old, kind) and old.sources == tuple(sources) and old.is_current():
+        copies[owner] = old
+        return old
+    del old  # free the stale copy before making the new one
+    fresh = make()
+    copies[owner] = fresh
+    return fresh
+
+
 def _current_copy(
     copies: dict[nn.Module, Any],
     owner: nn.Module,
@@ -277,25 +303,16 @@ def _current_copy(
     rows: int,
 ) -> DecodeWeight:
     """``owner``'s cached copy of ``linears``, made again if they changed since."""
-    old = copies.pop(owner, None)
-    if old is not None and old.sources == tuple(linears) and old.is_current():
-        copies[owner] = old
-    else:
-        del old  # free the stale copy before making the new one
-        copies[owner] = DecodeWeight.stack(linears, rows)
-    return copies[owner]
+    return _cached(copies, owner, DecodeWeight, linears, lambda: DecodeWeight.stack(linears, rows))
 
 
 def _current_stack(copies: dict[nn.Module, Any], mha: MultiHeadAttention) -> QuantizedStack:
     """``mha``'s cached joined quantized q/k/v, made again if a source changed since."""
-    layers = (mha.q_proj, mha.k_proj, mha.v_proj)
-    old = copies.pop(mha, None)
-    if isinstance(old, QuantizedStack) and old.sources == layers and old.is_current():
-        copies[mha] = old
-    else:
-        del old
-        copies[mha] = QuantizedStack.stack(layers)  # type: ignore[arg-type]
-    return copies[mha]
+    layers = cast(
+        "tuple[QuantizedLinear, QuantizedLinear, QuantizedLinear]",
+        (mha.q_proj, mha.k_proj, mha.v_proj),
+    )
+    return _cached(copies, mha, QuantizedStack, layers, lambda: QuantizedStack.stack(layers))
 
 
 @contextmanager
