@@ -233,6 +233,67 @@ def test_quantized_qkv_are_joined_and_decode_bit_for_bit(
 
 
 @_needs_kernels
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_quantized_decoders_attend_with_attnlab_kernel(
+    n_kv_heads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside decode_layout a quantized decoder's self-attention runs attnlab's decode-attention
+    kernel for its one-query steps (and sdpa for the prompt, and whenever a mask is given); the
+    backend is restored afterwards; the greedy tokens equal those of the plain sdpa path and the
+    step logits agree to 1e-4 (float32 products in another order)."""
+    from attnlab.layers.attention_backends import sdpa_attention
+    from attnlab.transforms import quantize
+    from attnlab.transforms import woq_kernels as wk
+
+    model = quantize(_gpt(n_kv_heads=n_kv_heads), "int8")
+    attn = model.layers[0].self_attn
+    calls: list[tuple[int, ...]] = []
+    kernel = wk.decode_attention
+
+    def counting(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        calls.append(tuple(k.shape))
+        return kernel(q, k, v)
+
+    monkeypatch.setattr(wk, "decode_attention", counting)
+    ids = torch.randint(0, 50, (2, 7))
+    with decode_layout(model, rows=2):
+        assert getattr(attn.backend, "decode_kernel", False)
+        with torch.no_grad():
+            model(ids)  # the prompt: seven queries, sdpa
+        assert calls == []
+    assert attn.backend is sdpa_attention  # restored
+    got = attnlab.generate(model, ids, max_new_tokens=6, eos_id=())  # inside decode_layout
+    # 5 one-query steps (the first token comes from the prompt's pass), 2 layers each
+    assert len(calls) == 10 and calls[0] == (2, n_kv_heads, 8, 8) and calls[-1][2] == 12
+    generate_module = importlib.import_module("attnlab.generation.generate")
+    with monkeypatch.context() as mp:
+        mp.setattr(generate_module, "decode_layout", lambda m, rows: nullcontext())
+        plain = attnlab.generate(model, ids, max_new_tokens=6, eos_id=())
+    assert torch.equal(got, plain)
+
+    def step_logits() -> torch.Tensor:  # the prompt, then 4 cached one-token steps
+        cache = model.new_cache(16)
+        logits, _ = model(ids, cache=cache)
+        out = [logits[:, -1]]
+        for t in range(4):
+            logits, _ = model(got[:, -6 + t : -5 + t], cache=cache)
+            out.append(logits[:, -1])
+        return torch.stack(out)
+
+    with torch.inference_mode():
+        expected = step_logits()
+        with decode_layout(model, rows=2):
+            kernel_logits = step_logits()
+    torch.testing.assert_close(kernel_logits, expected, atol=1e-4, rtol=0)
+    assert len(calls) == 10 + 8  # the 4 steps of step_logits, 2 layers each
+    calls.clear()
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    mask[0, :3] = False  # left padding: every step carries a mask, so sdpa runs
+    attnlab.generate(model, ids, max_new_tokens=3, eos_id=(), attention_mask=mask)
+    assert calls == []
+
+
+@_needs_kernels
 def test_quantized_join_is_made_again_when_a_source_changes() -> None:
     from attnlab.transforms import quantize
 

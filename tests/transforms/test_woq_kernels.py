@@ -109,3 +109,84 @@ def test_disabled_kernels_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not wk.available() and "ATTNLAB_NO_CPP_KERNELS" in wk.unavailable_reason()
     layer = Int8Linear.from_linear(torch.nn.Linear(32, 8), activation_dtype="float32")
     assert layer.kernel == "aten._weight_int8pack_mm"
+
+
+def _attention_reference(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:
+    """float64 softmax attention, key/value heads repeated for grouped queries."""
+    groups = q.shape[1] // k.shape[1]
+    k64 = k.double().repeat_interleave(groups, dim=1)
+    v64 = v.double().repeat_interleave(groups, dim=1)
+    s = q.shape[-1] ** -0.5 if scale is None else scale
+    weights = torch.softmax(s * q.double() @ k64.transpose(-2, -1), dim=-1)
+    return (weights @ v64).float()
+
+
+@pytest.mark.parametrize(
+    ("b", "h", "h_kv", "s", "d", "dv"),
+    [
+        (1, 12, 12, 120, 64, 64),  # GPT-2 small decoding
+        (2, 8, 2, 37, 32, 32),  # grouped-query heads
+        (3, 4, 1, 1, 128, 128),  # one cached key, multi-query
+        (1, 2, 2, 300, 24, 40),  # head sizes off the 8-lane blocks, Dv != D
+        (2, 3, 3, 9, 5, 3),  # smaller than one vector
+    ],
+)
+def test_decode_attention_equals_softmax_attention(
+    b: int, h: int, h_kv: int, s: int, d: int, dv: int
+) -> None:
+    torch.manual_seed(0)
+    q, k, v = torch.randn(b, h, 1, d), torch.randn(b, h_kv, s, d), torch.randn(b, h_kv, s, dv)
+    got = wk.decode_attention(q, k, v)
+    assert got.shape == (b, h, 1, dv)
+    torch.testing.assert_close(got, _attention_reference(q, k, v), rtol=1e-5, atol=2e-6)
+    torch.testing.assert_close(
+        wk.decode_attention(q, k, v, scale=0.3), _attention_reference(q, k, v, 0.3)
+    )
+
+
+def test_decode_attention_reads_strided_views() -> None:
+    """The layouts decoding hands it: q a transposed projection, k/v the first S rows of a
+    preallocated cache."""
+    torch.manual_seed(1)
+    q = torch.randn(2, 1, 6, 16).transpose(1, 2)  # (B, H, 1, D), heads not adjacent in memory
+    cache_k, cache_v = torch.randn(2, 3, 50, 16), torch.randn(2, 3, 50, 16)
+    k, v = cache_k[:, :, :21], cache_v[:, :, :21]
+    got = wk.decode_attention(q, k, v)
+    torch.testing.assert_close(got, _attention_reference(q, k, v), rtol=1e-5, atol=2e-6)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    )
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=2e-6)
+
+
+def test_decode_attention_treats_non_finite_inputs_as_the_backends_do() -> None:
+    """NaN query -> NaN row; a +inf score -> NaN row; a -inf score -> that key weighs 0: as
+    attnlab's sdpa backend (raw ``F.scaled_dot_product_attention`` returns zeros for a NaN
+    query, which the backend corrects)."""
+    from attnlab.layers.attention_backends import sdpa_attention
+
+    torch.manual_seed(2)
+    q, k, v = torch.randn(3, 2, 1, 8), torch.randn(3, 2, 5, 8), torch.randn(3, 2, 5, 8)
+    q[0, 1, 0, 3] = float("nan")
+    q[1, 0, 0, 0], k[1, 0, 2, 0] = 1.0, float("inf")  # score +inf
+    q[2, 1, 0, 0], k[2, 1, 4, 0] = -1.0, float("inf")  # score -inf
+    out = wk.decode_attention(q, k, v)
+    assert out[0, 1].isnan().all() and out[1, 0].isnan().all()
+    assert out[0, 0].isfinite().all() and out[1, 1].isfinite().all()
+    assert out[2].isfinite().all()
+    expected = sdpa_attention(q, k, v)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=2e-6, equal_nan=True)
+
+
+def test_decode_attention_refuses_bad_operands() -> None:
+    q, k, v = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    with pytest.raises(RuntimeError, match="float32"):
+        wk.decode_attention(q.double(), k, v)
+    with pytest.raises(RuntimeError, match="one query"):
+        wk.decode_attention(torch.randn(1, 4, 2, 8), k, v)
+    with pytest.raises(RuntimeError, match="multiple of H_kv"):
+        wk.decode_attention(q, torch.randn(1, 3, 5, 8), torch.randn(1, 3, 5, 8))
+    with pytest.raises(RuntimeError, match="must match"):
+        wk.decode_attention(q, torch.randn(1, 2, 5, 7), v)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        wk.decode_attention(q, k, torch.randn(1, 2, 8, 5).transpose(-2, -1))

@@ -35,7 +35,11 @@ decode with their own modules; so do quantized projections
 (:mod:`attnlab.transforms.quant_modules`), except a self-attention's q/k/v run by attnlab's int8
 or int4 kernel: those are joined into one quantized layer (:class:`QuantizedStack`, a copy of
 their codes: a quarter of a GPT decoder layer's quantized bytes, not counted by
-:func:`copy_numel`), so that each token makes one kernel call for them instead of three.
+:func:`copy_numel`), so that each token makes one kernel call for them instead of three, and
+their attention backend (``sdpa``) runs attnlab's decode-attention kernel
+(:func:`attnlab.transforms.woq_kernels.decode_attention`) for every step with one query per
+sequence, no mask and autograd off (a prompt, a padded batch's masked steps, anything else:
+``sdpa`` as before); the backend is restored afterwards.
 
 Shapes: (..., in) -> (..., out).
 """
@@ -54,6 +58,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+import attnlab.transforms.woq_kernels as wk
+from attnlab.layers.attention_backends import sdpa_attention
 from attnlab.layers.blocks import DecoderLayer
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.models import build_model
@@ -337,6 +343,7 @@ def decode_layout(model: nn.Module, rows: int) -> Iterator[None]:
     quantized = _quantized_qkv(model)
     copies = _COPIES.setdefault(model, {}) if linears or attentions or quantized else {}
     patched: list[tuple[nn.Module, str]] = []
+    backends: list[tuple[MultiHeadAttention, Any]] = []
     try:
         for mha in attentions:
             qkv = [mha.q_proj, mha.k_proj, mha.v_proj]
@@ -348,10 +355,51 @@ def decode_layout(model: nn.Module, rows: int) -> Iterator[None]:
         for lin in linears:
             _patch(lin, "forward", _copy_forward(lin, _current_copy(copies, lin, [lin], rows)))
             patched.append((lin, "forward"))
+        kernel_attention = [m for m in quantized if m.backend is sdpa_attention]
+        if kernel_attention and wk.available():
+            for mha in kernel_attention:
+                backends.append((mha, mha.backend))
+                mha.backend = _decode_attention(mha.backend)
         yield
     finally:
         for module, name in patched:
             module.__dict__.pop(name, None)  # back to the class's own method
+        for mha, backend in backends:
+            mha.backend = backend
+
+
+def _decode_attention(backend: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """``backend`` (``sdpa``), but a single query per sequence with no mask, no dropout and
+    autograd off runs :func:`attnlab.transforms.woq_kernels.decode_attention` (the one query sees
+    every cached key, so ``is_causal`` changes nothing there): q ``(B, H, 1, D)``, k/v ``(B, H_kv,
+    S, D)`` -> ``(B, H, 1, D)``."""
+
+    def attention(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        dropout_p: float = 0.0,
+        **options: Any,
+    ) -> Tensor:
+        if (
+            mask is None
+            and not options
+            and dropout_p == 0.0
+            and q.dim() == 4
+            and q.shape[2] == 1
+            and not torch.is_grad_enabled()
+            and q.dtype == k.dtype == v.dtype == torch.float32
+            and q.device.type == k.device.type == v.device.type == "cpu"
+            and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+        ):
+            return wk.decode_attention(q, k, v)
+        return backend(q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p, **options)
+
+    attention.decode_kernel = True  # type: ignore[attr-defined]  # for tests and inspection
+    return attention
 
 
 def _patch(module: nn.Module, name: str, method: Callable[..., object]) -> None:

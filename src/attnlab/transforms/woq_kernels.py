@@ -15,7 +15,16 @@ here; it is ``False`` off x86-64, on a CPU without AVX2, when ``ATTNLAB_NO_CPP_K
 or when the build fails (logged once as a warning; the quantized layers then use PyTorch's kernels
 or the reference path).
 
-Shapes: x ``(M, K)`` float32 contiguous -> ``(M, N)`` float32.
+The same extension holds one more decoding kernel (``csrc/decode_attention.cpp``,
+:func:`decode_attention`): softmax attention of one query per sequence over its KV cache, each
+head one pass over its keys, grouped-query heads reading their shared key/value head in place.
+At one query PyTorch's CPU ``scaled_dot_product_attention`` spends most of its time outside the
+arithmetic (GPT-2 small: 12 heads over ~150 keys are ~0.2 M multiply-adds, a few µs, against
+tens of µs per call inside a decoding step); :func:`attnlab.transforms.decode_weights.decode_layout`
+uses it for the self-attentions of quantized decoders.
+
+Shapes: x ``(M, K)`` float32 contiguous -> ``(M, N)`` float32; attention q ``(B, H, 1, D)``,
+k ``(B, H_kv, S, D)``, v ``(B, H_kv, S, Dv)`` -> ``(B, H, 1, Dv)``.
 """
 
 from __future__ import annotations
@@ -31,6 +40,9 @@ from torch import Tensor
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "woq_gemm.cpp"
+# compiled into the same extension: one query's attention over a KV cache, for decoding
+# (``torch.ops.attnlab_decode.attention``, used by :func:`decode_attention`)
+ATTENTION_SOURCE = SOURCE.with_name("decode_attention.cpp")
 NAME = "attnlab_woq"
 KERNEL_INT8 = "attnlab woq_gemm int8 (AVX2, float32 activations)"
 KERNEL_INT4 = "attnlab woq_gemm int4 (AVX2, float32 activations)"
@@ -66,7 +78,7 @@ def _build() -> None:
     _ninja_on_path()
     cpp_extension.load(
         name=NAME,
-        sources=[str(SOURCE)],
+        sources=[str(SOURCE), str(ATTENTION_SOURCE)],
         extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", "-std=c++17"],
         extra_ldflags=["-fopenmp"],
         is_python_module=False,
@@ -85,7 +97,9 @@ def available() -> bool:
     if ok:
         try:
             _build()
-            ok = hasattr(torch.ops, NAME) and hasattr(getattr(torch.ops, NAME), "int8_linear")
+            ok = hasattr(getattr(torch.ops, NAME), "int8_linear") and hasattr(
+                torch.ops.attnlab_decode, "attention"
+            )
             reason = "" if ok else "the extension loaded but registered no operators"
         except Exception as err:  # a missing compiler, ninja or headers: fall back, say why
             ok, reason = False, f"{type(err).__name__}: {str(err).strip().splitlines()[-1:]}"
@@ -142,10 +156,26 @@ def int4_linear(
     )
 
 
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:
+    """``softmax(scale · q k^T) v`` for one query per sequence, in float32, by attnlab's kernel
+    (``csrc/decode_attention.cpp``): q ``(B, H, 1, D)``, k ``(B, H_kv, S, D)``, v ``(B, H_kv, S,
+    Dv)`` with ``H_kv`` dividing ``H`` (grouped-query heads read their shared key/value head, not
+    a repeated copy) -> ``(B, H, 1, Dv)``. No mask (the one query sees every cached key); any
+    strides with a contiguous last dimension; ``scale`` defaults to ``1/sqrt(D)``. Non-finite
+    inputs as in attnlab's ``sdpa`` backend: a row whose query holds NaN or an infinity,
+    or whose scores hold NaN or +inf, comes out NaN; a -inf score weighs its key 0.
+
+    Raises:
+        RuntimeError: for operands off the CPU, not float32, or of mismatched shapes."""
+    s = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    return torch.ops.attnlab_decode.attention(q, k, v, s)
+
+
 __all__ = [
     "KERNEL_INT4",
     "KERNEL_INT8",
     "available",
+    "decode_attention",
     "int4_linear",
     "int4_supports",
     "int8_linear",
