@@ -294,10 +294,23 @@ def kernel_table(shapes: list[tuple[int, int]], rows: list[int], reps: int) -> l
 # -- report ------------------------------------------------------------------------------------
 
 
+def kv_cache_bytes(config: Any, batch: int, positions: float) -> float:
+    """Bytes of keys and values a step reads from the KV cache at ``positions`` cached
+    positions: layers x (K and V) x H_kv x D x 4 bytes (float32) per position and sequence."""
+    n_kv = config.n_kv_heads or config.n_heads
+    per_position = config.n_layers * 2 * n_kv * (config.d_model // config.n_heads) * 4
+    return batch * positions * per_position
+
+
 def summarise(
-    result: dict[str, Any], floors: dict[str, float], bytes_: dict[str, int]
+    result: dict[str, Any],
+    floors: dict[str, float],
+    bytes_: dict[str, int],
+    kv_floor_ms: float = 0.0,
 ) -> dict[str, Any]:
-    """Medians, ratios, floors and token agreement of one batch size's rounds."""
+    """Medians, ratios, floors and token agreement of one batch size's rounds; ``kv_floor_ms``:
+    the time the median step's KV-cache reads take at the copy bandwidth (added to each floor in
+    ``floor_kv_ms``)."""
     rows: dict[str, Any] = {}
     ref = result["tokens"].get("fp32")
     for label, speeds in result["speed"].items():
@@ -309,6 +322,8 @@ def summarise(
             "floor_ms": floors[label],
         }
         row["step_over_floor"] = None if step is None else step * 1e3 / floors[label]
+        row["floor_kv_ms"] = floors[label] + kv_floor_ms
+        row["step_over_floor_kv"] = None if step is None else step * 1e3 / row["floor_kv_ms"]
         if ref is not None and label != "fp32":
             row |= _agreement(result["tokens"][label], ref)
         rows[label] = row
@@ -334,7 +349,10 @@ def format_markdown(results: dict[str, Any]) -> str:
         f"prompts, {meta['new_tokens']} new tokens, medians of {meta['repeats']} interleaved "
         f"rounds. Memory copy (256 MiB, read + write): {meta['copy_gb_s']:.1f} GB/s.",
         "",
-        "Floor of a step: bytes it streams / copy bandwidth. `x transformers`: tokens/s over "
+        "Floor of a step: the weight bytes it streams / copy bandwidth; `floor+KV`: plus the "
+        "keys and values it reads from the KV cache at the median step "
+        f"({meta['prompt_len'] + meta['new_tokens'] // 2} cached positions, float32; "
+        "the same for every competitor). `x transformers`: tokens/s over "
         "transformers fp32's. Agreement: greedy tokens equal to attnlab fp32's (random weights: "
         "near-ties are common, so this is no quality measure; see quantized_quality.py).",
     ]
@@ -344,8 +362,9 @@ def format_markdown(results: dict[str, Any]) -> str:
             f"## Batch {batch}",
             "",
             "| competitor | tokens/s | x transformers | x attnlab fp32 | ms/step | floor ms "
-            "| step / floor | MB/step | token agreement | same prefix |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| step / floor | floor+KV ms | step / floor+KV | MB/step | token agreement "
+            "| same prefix |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for name, r in rows.items():
 
@@ -356,7 +375,8 @@ def format_markdown(results: dict[str, Any]) -> str:
             lines.append(
                 f"| {_label(name)} | {f('tokens_per_s', '.1f')} | {f('x_' + HF, '.2f')} "
                 f"| {f('x_fp32', '.2f')} | {f('step_ms', '.2f')} | {f('floor_ms', '.2f')} "
-                f"| {f('step_over_floor', '.2f')} | {r['bytes_per_token'] / 1e6:.1f} "
+                f"| {f('step_over_floor', '.2f')} | {f('floor_kv_ms', '.2f')} "
+                f"| {f('step_over_floor_kv', '.2f')} | {r['bytes_per_token'] / 1e6:.1f} "
                 f"| {f('token_agreement', '.3f')} | {f('same_prefix', '.1f')} |"
             )
     lines += [
@@ -461,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
         g = torch.Generator().manual_seed(0)
         ids = torch.randint(0, config.vocab_size, (batch, args.prompt_len), generator=g)
         raw = decode_round(runs, ids, args.new_tokens, args.repeats, only_b1)
-        rows = summarise(raw, floors, bytes_)
+        kv = kv_cache_bytes(config, batch, args.prompt_len + args.new_tokens // 2)
+        rows = summarise(raw, floors, bytes_, kv / (meta["copy_gb_s"] * 1e9) * 1e3)
         if "fp32" in raw["tokens"] and HF in raw["tokens"]:
             rows[HF]["same_tokens_as_attnlab_fp32"] = bool(
                 torch.equal(raw["tokens"]["fp32"], raw["tokens"][HF])

@@ -255,6 +255,8 @@ def test_quantized_decoders_attend_with_attnlab_kernel(
         return kernel(q, k, v)
 
     monkeypatch.setattr(wk, "decode_attention", counting)
+    # the modules' path (the fused layer step calls the kernel from C++: test_decode_layer.py)
+    monkeypatch.setattr(layout_module, "layer_plan", lambda *args: None)
     ids = torch.randint(0, 50, (2, 7))
     with decode_layout(model, rows=2):
         assert getattr(attn.backend, "decode_kernel", False)

@@ -1,7 +1,8 @@
 """attnlab's int8/int4 CPU kernels (attnlab.transforms.woq_kernels) == the reference product.
 
 Reference: ``F.linear(x, dequantize(codes), bias)`` in float32. The kernels accumulate the same
-float32 products in another order (8-lane partial sums, int4: per group, then scaled), so with
+float32 products in another order (8- or 16-lane partial sums; int4 on AVX2: per group, then
+scaled; int4 on AVX-512: the dequantized weights themselves, looked up per group), so with
 ``bound = |x| @ |W|^T`` they agree to ``1e-5 * bound`` (K <= 3072 terms, eps 6e-8). Shapes are
 chosen to hit every code path: M in blocks of 2 plus a remainder, N in blocks of 8/4/2 plus a
 remainder and across the 64-row chunks the threads split, K with an int8 tail (K % 8 != 0).

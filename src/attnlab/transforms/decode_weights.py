@@ -39,7 +39,11 @@ their codes: a quarter of a GPT decoder layer's quantized bytes, not counted by
 their attention backend (``sdpa``) runs attnlab's decode-attention kernel
 (:func:`attnlab.transforms.woq_kernels.decode_attention`) for every step with one query per
 sequence, no mask and autograd off (a prompt, a padded batch's masked steps, anything else:
-``sdpa`` as before); the backend is restored afterwards.
+``sdpa`` as before); the backend is restored afterwards. Where a whole decoder layer is of that
+kind (int8/int4 projections on attnlab's kernels, LayerNorm or RMSNorm, a plain or gated FFN, no
+rotary positions, no cross-attention), its ``forward`` is replaced too, for the call: each
+one-token step runs as one C++ call (:mod:`attnlab.transforms.decode_layer`, bit for bit the
+modules' result), any other step through the modules.
 
 Shapes: (..., in) -> (..., out).
 """
@@ -63,6 +67,7 @@ from attnlab.layers.attention_backends import sdpa_attention
 from attnlab.layers.blocks import DecoderLayer
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.models import build_model
+from attnlab.transforms.decode_layer import fused_forward, layer_plan
 from attnlab.transforms.quant_modules import QuantizedLinear, stack_quantized, stackable
 
 
@@ -349,8 +354,9 @@ def decode_layout(model: nn.Module, rows: int) -> Iterator[None]:
             qkv = [mha.q_proj, mha.k_proj, mha.v_proj]
             _patch(mha, "project_qkv", _stacked_qkv(mha, _current_copy(copies, mha, qkv, rows)))
             patched.append((mha, "project_qkv"))
-        for mha in quantized:
-            _patch(mha, "project_qkv", _stacked_qkv(mha, _current_stack(copies, mha)))
+        stacks = {mha: _current_stack(copies, mha) for mha in quantized}
+        for mha, stack in stacks.items():
+            _patch(mha, "project_qkv", _stacked_qkv(mha, stack))
             patched.append((mha, "project_qkv"))
         for lin in linears:
             _patch(lin, "forward", _copy_forward(lin, _current_copy(copies, lin, [lin], rows)))
@@ -360,12 +366,23 @@ def decode_layout(model: nn.Module, rows: int) -> Iterator[None]:
             for mha in kernel_attention:
                 backends.append((mha, mha.backend))
                 mha.backend = _decode_attention(mha.backend)
+            for layer in _layers_of(model, kernel_attention):
+                plan = layer_plan(layer, stacks[layer.self_attn])
+                if plan is not None:  # one call per layer and token (decode_layer.py)
+                    _patch(layer, "forward", fused_forward(layer, plan))
+                    patched.append((layer, "forward"))
         yield
     finally:
         for module, name in patched:
             module.__dict__.pop(name, None)  # back to the class's own method
         for mha, backend in backends:
             mha.backend = backend
+
+
+def _layers_of(model: nn.Module, attentions: Sequence[MultiHeadAttention]) -> list[DecoderLayer]:
+    """The decoder layers of ``model`` whose self-attention is one of ``attentions``."""
+    wanted = {id(m) for m in attentions}
+    return [m for m in model.modules() if isinstance(m, DecoderLayer) and id(m.self_attn) in wanted]
 
 
 def _decode_attention(backend: Callable[..., Tensor]) -> Callable[..., Tensor]:

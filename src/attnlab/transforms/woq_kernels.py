@@ -21,7 +21,10 @@ head one pass over its keys, grouped-query heads reading their shared key/value 
 At one query PyTorch's CPU ``scaled_dot_product_attention`` spends most of its time outside the
 arithmetic (GPT-2 small: 12 heads over ~150 keys are ~0.2 M multiply-adds, a few µs, against
 tens of µs per call inside a decoding step); :func:`attnlab.transforms.decode_weights.decode_layout`
-uses it for the self-attentions of quantized decoders.
+uses it for the self-attentions of quantized decoders. And a third (``csrc/decode_layer.cpp``,
+``torch.ops.attnlab_decode.layer_step``): a whole decoder layer's decoding step in one call, the
+two kernels above and the same ATen functions the modules use in between
+(:mod:`attnlab.transforms.decode_layer`).
 
 Shapes: x ``(M, K)`` float32 contiguous -> ``(M, N)`` float32; attention q ``(B, H, 1, D)``,
 k ``(B, H_kv, S, D)``, v ``(B, H_kv, S, Dv)`` -> ``(B, H, 1, Dv)``.
@@ -43,6 +46,9 @@ SOURCE = Path(__file__).with_name("csrc") / "woq_gemm.cpp"
 # compiled into the same extension: one query's attention over a KV cache, for decoding
 # (``torch.ops.attnlab_decode.attention``, used by :func:`decode_attention`)
 ATTENTION_SOURCE = SOURCE.with_name("decode_attention.cpp")
+# and one decoder layer's whole step, calling the two above (``attnlab_decode.layer_step``, used
+# by :mod:`attnlab.transforms.decode_layer`)
+LAYER_SOURCE = SOURCE.with_name("decode_layer.cpp")
 NAME = "attnlab_woq"
 KERNEL_INT8 = "attnlab woq_gemm int8 (AVX2, float32 activations)"
 KERNEL_INT4 = "attnlab woq_gemm int4 (AVX2, float32 activations)"
@@ -78,8 +84,10 @@ def _build() -> None:
     _ninja_on_path()
     cpp_extension.load(
         name=NAME,
-        sources=[str(SOURCE), str(ATTENTION_SOURCE)],
-        extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", "-std=c++17"],
+        sources=[str(SOURCE), str(ATTENTION_SOURCE), str(LAYER_SOURCE)],
+        # no contraction of a multiply and an add into one FMA: the int4 tables must round as
+        # the reference's dequantization does
+        extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", "-std=c++17", "-ffp-contract=off"],
         extra_ldflags=["-fopenmp"],
         is_python_module=False,
         verbose=False,
@@ -97,8 +105,10 @@ def available() -> bool:
     if ok:
         try:
             _build()
-            ok = hasattr(getattr(torch.ops, NAME), "int8_linear") and hasattr(
-                torch.ops.attnlab_decode, "attention"
+            ok = (
+                hasattr(getattr(torch.ops, NAME), "int8_linear")
+                and hasattr(torch.ops.attnlab_decode, "attention")
+                and hasattr(torch.ops.attnlab_decode, "layer_step")
             )
             reason = "" if ok else "the extension loaded but registered no operators"
         except Exception as err:  # a missing compiler, ninja or headers: fall back, say why

@@ -1,0 +1,248 @@
+"""One call per decoder layer and decoded token, for quantized decoders (see
+:func:`attnlab.transforms.decode_weights.decode_layout`).
+
+At one token per sequence a quantized GPT-2-small layer is seven kernel calls of a few hundred
+microseconds and some twenty small operations (norms, head views, the KV-cache write, residual
+adds, the activation) of a few microseconds each, every one of them dispatched from Python; on
+issue 27's 2-core Xeon those small steps cost 3.3 ms per token, as much as the int4 products.
+``csrc/decode_layer.cpp`` runs a whole layer's step in C++: the same ATen functions the modules
+call, in the same order, with attnlab's int8/int4 and decode-attention kernels, so the result is
+bit for bit the modules' (tests/transforms/test_decode_layer.py).
+
+:func:`layer_plan` describes a layer for that operator, or returns ``None`` when the layer is
+not one it covers: a :class:`~attnlab.layers.blocks.DecoderLayer` without cross-attention,
+attnlab's ``LayerNorm`` or ``RMSNorm``, a :class:`~attnlab.layers.feedforward.FeedForward` (plain
+or gated), an ``sdpa`` self-attention without rotary positions whose q/k/v are joined in a
+:class:`~attnlab.transforms.decode_weights.QuantizedStack`, and an output projection and FFN of
+int8/int4 layers run by attnlab's kernels. :func:`fused_forward` is the layer's ``forward`` while
+:func:`~attnlab.transforms.decode_weights.decode_layout` is active: a step it covers (one new
+token per sequence, no mask, autograd off, no hooks, a plain cache with room, no active dropout)
+runs as one call; anything else runs the modules as before.
+
+Shapes: x ``(B, 1, E)`` -> ``(B, 1, E)``; the cache ``(B, H_kv, L, D)`` gains position
+``length``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+from torch import Tensor, nn
+from torch.nn.modules import module as torch_module
+
+from attnlab.layers.blocks import DecoderLayer
+from attnlab.layers.feedforward import GATED, FeedForward
+from attnlab.layers.kv_cache import LayerKVCache
+from attnlab.layers.multihead import MultiHeadAttention
+from attnlab.layers.norm import LayerNorm, RMSNorm
+from attnlab.transforms import woq_kernels as wk
+from attnlab.transforms.quant_modules import QuantizedLinear
+
+# the codes of csrc/decode_layer.cpp
+NORM_KINDS: dict[type, int] = {LayerNorm: 0, RMSNorm: 1}
+ACTIVATION_CODES = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3}
+
+
+def _kernel_layer(m: object) -> QuantizedLinear | None:
+    """``m`` if it is a quantized linear that attnlab's int8/int4 kernel runs, else ``None``."""
+    if (
+        isinstance(m, QuantizedLinear)
+        and m.kernel in (wk.KERNEL_INT8, wk.KERNEL_INT4)
+        and m.qweight.device.type == "cpu"
+    ):
+        return m
+    return None
+
+
+def _linear_entries(layer: QuantizedLinear | None) -> tuple[list[Tensor | None], list[int]]:
+    """(codes, scales, zeros, bias) and (bits, group size) of a kernel layer (``None``: absent)."""
+    if layer is None:
+        return [None] * 4, [0, 0]
+    zeros = getattr(layer, "zeros", None) if layer.bits == 4 else None
+    group = int(getattr(layer, "group_size", 0)) if layer.bits == 4 else 0
+    return [layer.qweight, layer.scales, zeros, layer.bias], [layer.bits, group]
+
+
+Watched = tuple[dict[str, Any], str, Tensor, int]  # (a module's tensor dict, name, tensor, version)
+
+
+def _watch(modules: Sequence[nn.Module], *, versions: bool) -> tuple[Watched, ...]:
+    """Every parameter and buffer of ``modules`` (not of their children) as it is now, with its
+    in-place version where ``versions`` (else, and for inference tensors, which have none: -1)."""
+    out: list[Watched] = []
+    for m in modules:
+        for store in (m._parameters, m._buffers):
+            for name, t in store.items():
+                if t is not None:
+                    version = t._version if versions and not t.is_inference() else -1
+                    out.append((store, name, t, version))
+    return tuple(out)
+
+
+def _unchanged(watched: Sequence[Watched]) -> bool:
+    """True while no watched tensor has been replaced (or, where a version was kept, modified
+    in place)."""
+    return all(store.get(name) is t and (v < 0 or t._version == v) for store, name, t, v in watched)
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """What ``torch.ops.attnlab_decode.layer_step`` needs of one layer.
+
+    Attributes:
+        tensors: norm 1 (weight, bias), norm 2 (weight, bias), then (codes, scales, zeros,
+            bias) of q/k/v (joined), out, up, gate and down (``None`` where absent).
+        config: pre-norm, norm kind, activation, gated, H, H_kv, D, then (bits, group size) of
+            the five linears. floats: the two norms' eps and the attention scale.
+        watched: the tensors the step reads (the norms', out's, up's, gate's and down's: an
+            in-place change of them is seen by the step, a replacement is not) and the q/k/v
+            tensors the joined copy was made from (an in-place change is not seen either), as
+            they were when the plan was made (see :meth:`is_current`).
+        modules: the modules the step stands in for (it is taken only while none has hooks);
+            ``hooked``: those of them with attnlab hook sites (``activation_hook``).
+        dropout_free: every dropout of the layer has p = 0 (else only eval mode takes the step).
+    """
+
+    tensors: list[Tensor | None]
+    config: list[int]
+    floats: list[float]
+    watched: tuple[Watched, ...]
+    modules: tuple[nn.Module, ...]
+    hooked: tuple[nn.Module, ...]
+    dropout_free: bool
+
+    def is_current(self) -> bool:
+        """True while no tensor the step reads (or the joined q/k/v was copied from) has been
+        replaced or changed in place since the plan was made."""
+        return _unchanged(self.watched)
+
+
+def layer_plan(layer: nn.Module, qkv: Any) -> LayerPlan | None:
+    """The plan of ``layer`` given its joined q/k/v ``qkv`` (a ``QuantizedStack``), or ``None``
+    when the layer is not one the fused step covers (see the module doc)."""
+    if not isinstance(layer, DecoderLayer) or layer.cross_attn is not None:
+        return None
+    mha, ffn = layer.self_attn, layer.ffn
+    n1, n2 = (
+        cast("LayerNorm | RMSNorm", layer.self_attn_norm),
+        cast("LayerNorm | RMSNorm", layer.ffn_norm),
+    )
+    if (
+        not wk.available()
+        or "forward" in layer.__dict__  # already replaced (e.g. activation checkpointing)
+        or not isinstance(mha, MultiHeadAttention)
+        or mha.rotary is not None
+        or not isinstance(ffn, FeedForward)
+        or type(n1) not in NORM_KINDS
+        or type(n1) is not type(n2)
+    ):
+        return None
+    out, up, down = (
+        _kernel_layer(mha.out_proj),
+        _kernel_layer(ffn.up_proj),
+        _kernel_layer(ffn.down_proj),
+    )
+    gate = _kernel_layer(ffn.gate_proj) if ffn.gate_proj is not None else None
+    joined = _kernel_layer(qkv.layer)
+    if joined is None or out is None or up is None or down is None:
+        return None
+    if ffn.gate_proj is not None and gate is None:
+        return None
+    act = GATED.get(ffn.activation, ffn.activation)
+    if act not in ACTIVATION_CODES:
+        return None
+    tensors: list[Tensor | None] = [n1.weight, getattr(n1, "bias", None)]
+    tensors += [n2.weight, getattr(n2, "bias", None)]
+    config = [
+        int(layer.pre_norm),
+        NORM_KINDS[type(n1)],
+        ACTIVATION_CODES[act],
+        int(ffn.gate_proj is not None),
+        mha.n_heads,
+        mha.n_kv_heads,
+        mha.d_head,
+    ]
+    for lin in (joined, out, up, gate, down):
+        entries, codes = _linear_entries(lin)
+        tensors += entries
+        config += codes
+    linears = [out, up, down] + ([gate] if gate is not None else [])
+    if not qkv.is_current():  # the joined q/k/v is a copy: it must be of today's sources
+        return None
+    modules = [layer, n1, mha, n2, ffn, *linears, layer.dropout, ffn.dropout]
+    dropouts = (layer.dropout.p, ffn.dropout.p, mha.dropout)
+    return LayerPlan(
+        tensors=tensors,
+        config=config,
+        floats=[float(n1.eps), float(n2.eps), mha.d_head**-0.5],
+        watched=_watch([n1, n2, *linears], versions=False) + _watch(qkv.sources, versions=True),
+        modules=tuple(modules[1:]),  # the layer's own hooks run around its forward anyway
+        hooked=(layer, mha, ffn),
+        dropout_free=all(p == 0 for p in dropouts),
+    )
+
+
+def _no_hooks(plan: LayerPlan) -> bool:
+    """True when neither a global nor any forward hook of the modules the fused step stands in
+    for is registered, nor an attnlab hook site is set (the step would skip them)."""
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return False
+    return not (
+        any(m._forward_hooks or m._forward_pre_hooks for m in plan.modules)
+        or any(m.activation_hook is not None for m in plan.hooked)
+    )
+
+
+def fused_forward(layer: DecoderLayer, plan: LayerPlan) -> Callable[..., Tensor]:
+    """``layer.forward`` that runs a step the plan covers as one call (see the module doc)."""
+    step = torch.ops.attnlab_decode.layer_step
+
+    def forward(
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        cache: LayerKVCache | None = None,
+        **kwargs: Any,
+    ) -> Tensor:
+        if (
+            memory is None
+            and mask is None
+            and cache is not None
+            and x.dim() == 3
+            and x.shape[1] == 1
+            and not torch.is_grad_enabled()
+            and cache.window is None
+            and cache.k is not None
+            and cache.v is not None
+            and cache.length < cache.k.shape[2]
+            and cache.k.shape[0] == x.shape[0]
+            and x.dtype == torch.float32
+            and x.is_cpu
+            and x.is_contiguous()
+            and (plan.dropout_free or not layer.training)
+            and _no_hooks(plan)
+            and plan.is_current()
+        ):
+            y = cast(
+                Tensor,
+                step(x, plan.tensors, plan.config, plan.floats, cache.k, cache.v, cache.length),
+            )
+            cache.length += 1
+            return y
+        return DecoderLayer.forward(layer, x, memory, mask=mask, cache=cache, **kwargs)
+
+    forward.plan = plan  # type: ignore[attr-defined]  # for tests and inspection
+    return forward
+
+
+def active_plan(layer: nn.Module) -> LayerPlan | None:
+    """The plan ``layer`` decodes with inside ``decode_layout``, or ``None``."""
+    plan = getattr(layer.__dict__.get("forward"), "plan", None)
+    return plan if isinstance(plan, LayerPlan) else None
+
+
+__all__ = ["LayerPlan", "active_plan", "fused_forward", "layer_plan"]

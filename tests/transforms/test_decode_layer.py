@@ -1,0 +1,277 @@
+"""The fused decoder-layer step (attnlab.transforms.decode_layer): one call per layer and token
+inside decode_layout, bit for bit what the modules compute, and the modules wherever it does not
+apply."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from contextlib import nullcontext
+from typing import Any
+
+import pytest
+import torch
+
+import attnlab
+from attnlab import GPT, GPTConfig
+from attnlab.inspect import hooked
+from attnlab.transforms import decode_layer, quantize
+from attnlab.transforms import woq_kernels as wk
+from attnlab.transforms.decode_layer import active_plan
+from attnlab.transforms.decode_weights import decode_layout
+
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),  # tests/conftest.py
+    pytest.mark.skipif(not wk.available(), reason=f"kernels: {wk.unavailable_reason()}"),
+]
+
+
+def _gpt(**overrides: Any) -> GPT:
+    torch.manual_seed(0)
+    cfg = GPTConfig(
+        vocab_size=50,
+        d_model=64,
+        n_heads=4,
+        n_layers=2,
+        d_ff=128,
+        max_seq_len=64,
+        dropout=0.0,
+        eos_id=None,
+    )
+    model = GPT(dataclasses.replace(cfg, **overrides)).eval()
+    with torch.no_grad():  # large weights: peaked next-token distributions, no near-ties
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.15)
+            else:  # biases and norm gains
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+def _step_logits(model: GPT, ids: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy decoding with a cache: the prompt, then ``steps`` one-token steps; returns the
+    logits of every step ``(steps + 1, B, V)`` and the tokens ``(B, steps)``."""
+    cache = model.new_cache(ids.shape[1] + steps + 1)
+    logits, _ = model(ids, cache=cache)
+    out, tokens = [logits[:, -1]], []
+    for _ in range(steps):
+        token = out[-1].argmax(-1, keepdim=True)  # (B, 1)
+        tokens.append(token)
+        logits, _ = model(token, cache=cache)
+        out.append(logits[:, -1])
+    return torch.stack(out), torch.cat(tokens, dim=1)
+
+
+def _plain_generate(model: GPT, ids: torch.Tensor, n: int, **options: Any) -> torch.Tensor:
+    """attnlab.generate without decode_layout (the modules, the sdpa backend)."""
+    generate_module = importlib.import_module("attnlab.generation.generate")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(generate_module, "decode_layout", lambda m, rows: nullcontext())
+        return attnlab.generate(model, ids, max_new_tokens=n, eos_id=(), **options)
+
+
+CONFIGS = [
+    pytest.param("int8", {}, id="int8-gpt2"),
+    pytest.param("int4", {}, id="int4-gpt2"),
+    pytest.param(
+        "int4", {"bias": False, "norm": "rmsnorm", "activation": "swiglu"}, id="rms-swiglu"
+    ),
+    pytest.param("int8", {"norm_position": "post", "activation": "relu"}, id="post-relu"),
+    pytest.param("int4", {"n_kv_heads": 2, "activation": "gelu"}, id="gqa-gelu"),
+    pytest.param("int8", {"activation": "silu", "n_kv_heads": 1}, id="mqa-silu"),
+    pytest.param("int4", {"activation": "geglu", "norm": "rmsnorm"}, id="rms-geglu"),
+]
+
+
+@pytest.mark.parametrize(("fmt", "overrides"), CONFIGS)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_fused_step_equals_the_modules_bit_for_bit(
+    fmt: str, overrides: dict[str, Any], batch: int
+) -> None:
+    model = quantize(_gpt(**overrides), fmt, group_size=32)
+    ids = torch.randint(0, 50, (batch, 5))
+    calls: list[int] = []
+    step = torch.ops.attnlab_decode.layer_step
+
+    def counting(*args: Any) -> torch.Tensor:
+        calls.append(args[-1])  # the cache position written
+        return step(*args)
+
+    with torch.inference_mode():
+        expected, expected_tokens = _step_logits(model, ids, 6)  # the modules, sdpa
+        with decode_layout(model, rows=batch):
+            plans = [active_plan(layer) for layer in model.layers]
+            assert all(p is not None for p in plans)
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(torch.ops.attnlab_decode, "layer_step", counting)
+                # the plan's forward looked the operator up when it was made: count through it
+                for layer, plan in zip(model.layers, plans, strict=True):
+                    layer.__dict__["forward"] = decode_layer.fused_forward(layer, plan)  # type: ignore[arg-type]
+                got, tokens = _step_logits(model, ids, 6)
+        assert all(active_plan(layer) is None for layer in model.layers)  # restored
+    assert calls == [p for p in range(5, 11) for _ in range(2)]  # 6 steps x 2 layers
+    # the attention kernel sums in another order than sdpa: equal tokens, close logits
+    assert torch.equal(tokens, expected_tokens)
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=0)
+    # against the modules with the same attention kernel (decode_layout, no fused step): exact
+    with (
+        torch.inference_mode(),
+        pytest.MonkeyPatch.context() as mp,
+    ):
+        mp.setattr(
+            importlib.import_module("attnlab.transforms.decode_weights"),
+            "layer_plan",
+            lambda *a: None,
+        )
+        with decode_layout(model, rows=batch):
+            assert all(active_plan(layer) is None for layer in model.layers)
+            modules_logits, _ = _step_logits(model, ids, 6)
+    assert torch.equal(got, modules_logits)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_generate_with_fused_steps_gives_the_tokens_of_plain_decoding(fmt: str) -> None:
+    model = quantize(_gpt(), fmt, group_size=32)
+    ids = torch.randint(0, 50, (2, 4))
+    assert torch.equal(
+        attnlab.generate(model, ids, max_new_tokens=12, eos_id=()),
+        _plain_generate(model, ids, 12),
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "why"),
+    [
+        ({"pos_encoding": "rope"}, "rotary positions"),
+        ({"attn_backend": "math"}, "not the sdpa backend (no attention kernel)"),
+        ({"attn_backend": "sliding_window", "attn_window": 4}, "a sliding window"),
+    ],
+)
+def test_layers_it_does_not_cover_keep_their_modules(overrides: dict[str, Any], why: str) -> None:
+    model = quantize(_gpt(**overrides), "int8")
+    ids = torch.randint(0, 50, (1, 4))
+    with decode_layout(model, rows=1):
+        assert all(active_plan(layer) is None for layer in model.layers), why
+    assert torch.equal(
+        attnlab.generate(model, ids, max_new_tokens=8, eos_id=()), _plain_generate(model, ids, 8)
+    )
+
+
+def test_float32_and_encoder_decoder_models_get_no_plan() -> None:
+    with decode_layout(_gpt(), rows=1):  # float32: reordered copies, no fused step
+        pass
+    model = _gpt()
+    with decode_layout(model, rows=1):
+        assert all(active_plan(layer) is None for layer in model.layers)
+    config = attnlab.TransformerConfig(
+        vocab_size=30, d_model=32, n_heads=4, n_layers=1, d_ff=64, max_seq_len=32, dropout=0.0
+    )
+    seq2seq = quantize(attnlab.build_model(config).eval(), "int8")
+    with decode_layout(seq2seq, rows=1):  # cross-attention: not covered
+        assert all(active_plan(m) is None for m in seq2seq.modules())
+
+
+def _steps_taken(model: GPT, run: Any, *, layout: bool = True) -> int:
+    """How many fused steps ``run()`` makes, inside a decode_layout entered here (``layout``) or
+    by ``run`` itself (generate)."""
+    calls: list[int] = []
+    step = torch.ops.attnlab_decode.layer_step
+
+    def counting(*args: Any) -> torch.Tensor:
+        calls.append(args[-1])
+        return step(*args)
+
+    with pytest.MonkeyPatch.context() as mp:  # fused_forward looks the operator up when made
+        mp.setattr(torch.ops.attnlab_decode, "layer_step", counting)
+        if not layout:
+            run()
+            return len(calls)
+        with decode_layout(model, rows=1):
+            assert all(active_plan(layer) is not None for layer in model.layers)
+            run()
+    return len(calls)
+
+
+def test_hooks_and_masks_run_the_modules() -> None:
+    """A forward hook on a sublayer, an attnlab hook site, a padded batch (a mask at every step)
+    and training-mode dropout all take the modules' path, so nothing they expect is skipped."""
+    model = quantize(_gpt(), "int8")
+    ids = torch.randint(0, 50, (1, 4))
+
+    def decode() -> torch.Tensor:
+        with torch.inference_mode():
+            return _step_logits(model, ids, 3)[0]
+
+    assert _steps_taken(model, decode) == 6  # 3 steps x 2 layers
+    seen: list[tuple[int, ...]] = []
+    handle = model.layers[1].ffn.register_forward_hook(
+        lambda m, a, out: seen.append(tuple(out.shape))
+    )
+    assert _steps_taken(model, decode) == 3 and seen.count((1, 1, 64)) == 3  # layer 0 fused
+    handle.remove()
+    handle = model.layers[0].self_attn_norm.register_forward_pre_hook(lambda m, a: None)
+    assert _steps_taken(model, decode) == 3  # layer 1 fused
+    handle.remove()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, a, out: None)
+    assert _steps_taken(model, decode) == 0  # a global hook: every module must run
+    handle.remove()
+    hidden: list[tuple[int, ...]] = []
+    with hooked(model, {"layers.0.ffn.hidden": lambda t, name: hidden.append(tuple(t.shape))}):
+        assert _steps_taken(model, decode) == 3  # layer 1 still fused, layer 0 hooked
+    assert hidden.count((1, 1, 128)) == 3  # every step's hidden seen
+    pair = torch.randint(0, 50, (2, 4))
+    mask = torch.tensor([[False, True, True, True], [True] * 4])  # left padding: a mask each step
+
+    def generate(**options: Any) -> None:  # enters decode_layout itself
+        attnlab.generate(model, pair, max_new_tokens=3, eos_id=(), **options)
+
+    assert _steps_taken(model, generate, layout=False) == 4  # 2 one-token steps x 2 layers
+    assert _steps_taken(model, lambda: generate(attention_mask=mask), layout=False) == 0
+    dropped = quantize(_gpt(dropout=0.1), "int8").train()
+    assert _steps_taken(dropped, lambda: _step_logits(dropped, ids, 2)) == 0  # grad on, training
+
+
+def test_weights_changed_mid_stream_are_seen() -> None:
+    """A tensor the step reads changed in place, a q/k/v source changed in place (the joined copy
+    is stale) or a buffer replaced between two tokens: the stream goes on exactly like one that
+    never had a fused step."""
+    from attnlab.generation import stream
+
+    model = quantize(_gpt(), "int8")
+    reference = quantize(_gpt(), "int8")
+    ids = torch.randint(0, 50, (1, 5))
+    fused = stream(model, ids, max_new_tokens=6, eos_id=())
+    generate_module = importlib.import_module("attnlab.generation.generate")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(generate_module, "decode_layout", lambda m, rows: nullcontext())
+        plain = stream(reference, ids, max_new_tokens=6, eos_id=())
+        next(plain)
+    next(fused)
+    assert active_plan(model.layers[0]) is not None
+    with torch.no_grad():
+        for m in (model, reference):
+            m.layers[0].ffn.up_proj.scales.mul_(1.5)  # read by the step: seen as it is
+            m.layers[1].self_attn.k_proj.scales.mul_(-1.0)  # copied into the joined q/k/v
+            m.layers[1].ffn.down_proj.bias = m.layers[1].ffn.down_proj.bias + 0.25  # replaced
+    for a, b in zip(fused, plain, strict=True):
+        torch.testing.assert_close(a.logits, b.logits, atol=2e-5, rtol=0)
+        assert torch.equal(a.tokens, b.tokens)
+
+
+def test_operator_refuses_bad_operands() -> None:
+    model = quantize(_gpt(), "int8")
+    with decode_layout(model, rows=1):
+        plan = active_plan(model.layers[0])
+    assert plan is not None
+    step = torch.ops.attnlab_decode.layer_step
+    x, k, v = torch.randn(1, 1, 64), torch.zeros(1, 4, 8, 16), torch.zeros(1, 4, 8, 16)
+    with pytest.raises(RuntimeError, match="cache position 8 outside"):
+        step(x, plan.tensors, plan.config, plan.floats, k, v, 8)
+    with pytest.raises(RuntimeError, match=r"\(B, 1, E\)"):
+        step(torch.randn(1, 2, 64), plan.tensors, plan.config, plan.floats, k, v, 0)
+    with pytest.raises(RuntimeError, match=r"\(B, H_kv, L, D\)"):
+        step(x, plan.tensors, plan.config, plan.floats, torch.zeros(1, 2, 8, 16), v, 0)
+    with pytest.raises(RuntimeError, match="malformed"):
+        step(x, plan.tensors[:-1], plan.config, plan.floats, k, v, 0)
+    out = step(x, plan.tensors, plan.config, plan.floats, k, v, 0)
+    assert out.shape == (1, 1, 64) and bool(k[:, :, 0].abs().sum() > 0)  # position 0 written
