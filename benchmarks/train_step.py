@@ -14,7 +14,10 @@ for-loop is several times slower on CPU, see the optimizer table), dropout off, 
 - ``x-transformers``: ``TransformerWrapper(Decoder(...))`` with flash (SDPA) attention and a tied
   head (skipped, with the reason, when the package is not installed: ``pip install .[bench]``);
 - ``torch.nn``: a GPT made of ``nn.TransformerEncoder`` (pre-norm, GELU, causal mask);
-- ``--compile`` adds ``torch.compile`` rows for attnlab and the minimal GPT.
+- ``--compile`` adds ``torch.compile`` rows for attnlab and the minimal GPT;
+- ``--breakdown`` profiles every row once more and reports the time per step inside ATen's
+  extern kernels (matrix products, attention, fused AdamW), which ``torch.compile`` calls as
+  they are: with it, the most a compiled step can gain over another step (issue 26).
 
 Timing: rounds of one timed burst (``--steps`` steps) per row, the row order rotated every round
 (A B C, B C A, ...) so that a slow spell of a shared machine hits every row alike; the figure is
@@ -342,6 +345,10 @@ def bench_shape(name: str, s: Shape, args: argparse.Namespace, ceiling: float) -
                 "first_step_s": first_s[label],
             }
         )
+    if args.breakdown:
+        for row in rows:
+            trainee = trainees[row["implementation"]]
+            row["kernels_ms"] = kernel_breakdown(trainee, x, y, max(args.steps, 3))
     base = next((row["step_ms"] for row in rows if row["implementation"] == "attnlab"), None)
     for row in rows:
         row["vs_attnlab"] = row["step_ms"] / base if base else None
@@ -352,6 +359,35 @@ def bench_shape(name: str, s: Shape, args: argparse.Namespace, ceiling: float) -
         "rows": rows,
         "skipped": skipped,
     }
+
+
+# issue 26: the compiled attnlab step over the eager nanoGPT-layout step, per shape
+TARGETS = {"baby": 1.25, "shakespeare": 1.05}
+
+KERNEL_GROUPS = {  # profiler event names -> the work compile leaves to ATen's own kernels
+    "matrix products": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
+    "attention kernels": ("aten::_scaled_dot_product",),
+    "AdamW": ("aten::_fused_adamw",),
+}
+
+
+def kernel_breakdown(trainee: Trainee, x: Tensor, y: Tensor, steps: int) -> dict[str, float]:
+    """ms per step spent inside the extern kernels (self CPU time under torch.profiler, summed
+    over the events of each of :data:`KERNEL_GROUPS`; ``torch.compile`` calls these kernels as
+    they are, so they bound what compiling can save), and the profiled step's total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            trainee.step(x, y)
+    out = dict.fromkeys(KERNEL_GROUPS, 0.0)
+    total = 0.0
+    for event in prof.key_averages():
+        total += event.self_cpu_time_total
+        for group, prefixes in KERNEL_GROUPS.items():
+            if event.key.startswith(prefixes):
+                out[group] += event.self_cpu_time_total
+    return {k: v / steps / 1e3 for k, v in out.items()} | {"profiled step": total / steps / 1e3}
 
 
 def bench_optimizer(s: Shape, repeats: int) -> dict[str, float]:
@@ -423,6 +459,7 @@ def format_markdown(results: dict[str, Any]) -> str:
                 f"{ours['step_ms'] / best['step_ms']:.2f} (<= 1.00 means attnlab is at least as "
                 "fast).",
             ]
+        lines += _breakdown_lines(shape)
     opt = results.get("optimizer")
     if opt:
         lines += [
@@ -436,6 +473,48 @@ def format_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _breakdown_lines(shape: dict[str, Any]) -> list[str]:
+    """The ``--breakdown`` table of one shape, and what it bounds for the compiled rows."""
+    rows = [r for r in shape["rows"] if "kernels_ms" in r]
+    if not rows:
+        return []
+    groups = list(KERNEL_GROUPS)
+    lines = [
+        "",
+        "Time per step inside ATen's extern kernels, which compile calls as they are: each "
+        "group's share of the profiled step (torch.profiler self time) times the unprofiled "
+        "median step, in ms (the profiler's own cost falls mostly on the many small operations, "
+        "so the extern shares are if anything too small):",
+        "",
+        "| implementation | " + " | ".join(groups) + " | extern total | rest |",
+        "|---|" + "---|" * (len(groups) + 2),
+    ]
+    for r in rows:
+        k = r["kernels_ms"]
+        share = {g: k[g] / k["profiled step"] for g in groups}
+        r["extern_ms"] = extern = sum(share.values()) * r["step_ms"]
+        lines.append(
+            f"| {r['implementation']} | "
+            + " | ".join(f"{share[g] * r['step_ms']:.1f}" for g in groups)
+            + f" | {extern:.1f} | {r['step_ms'] - extern:.1f} |"
+        )
+    by_name = {r["implementation"]: r for r in rows}
+    nano, ours = by_name.get("minimal GPT (nanoGPT layout)"), by_name.get("attnlab (compiled)")
+    if nano and ours:
+        bound = nano["step_ms"] / ours["extern_ms"]
+        target = TARGETS.get(shape["shape"], 1.0)
+        lines += [
+            "",
+            f"Even if everything but the extern kernels took no time, the compiled attnlab step "
+            f"could be at most {bound:.2f}x the eager nanoGPT-layout step "
+            f"({nano['step_ms']:.1f} / {ours['extern_ms']:.1f} ms); measured "
+            f"{nano['step_ms'] / ours['step_ms']:.2f}x. Issue 26's {target}x would need the rest "
+            f"in {nano['step_ms'] / target - ours['extern_ms']:.1f} ms "
+            f"(it is {ours['step_ms'] - ours['extern_ms']:.1f}).",
+        ]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated")
@@ -446,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--compile", action="store_true", help="add torch.compile rows")
     parser.add_argument("--quick", action="store_true", help="3 rounds of 1 step, small ceiling")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="profile each row: time in extern kernels"
+    )
     parser.add_argument("--json", default=str(RESULTS / "train_step.json"))
     parser.add_argument("--markdown", default=str(RESULTS / "train_step.md"))
     args = parser.parse_args(argv)

@@ -46,3 +46,42 @@ def test_a_compiled_run_resumes_to_the_eager_run(tmp_path: Path) -> None:
     again = Trainer(*gpt_setup(steps=6, compile=True), run_dir=tmp_path / "run")
     tail = again.fit(resume=True).losses
     torch.testing.assert_close(head + tail, eager, atol=1e-5, rtol=0)
+
+
+def test_the_gpt_and_its_loss_compile_to_one_graph() -> None:
+    """Dynamo captures the forward with the loss whole: the value checks that would break the
+    graph (ids and targets inside the vocabulary) are skipped while compiling, where the
+    kernels' own index checks stand in. Tracing only (no Inductor), so this is quick."""
+    from attnlab import GPT, GPTConfig
+
+    model = GPT(
+        GPTConfig(vocab_size=65, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_seq_len=16,
+                  dropout=0.0, eos_id=None)
+    )  # fmt: skip
+    ids, targets = torch.randint(0, 65, (2, 16)), torch.randint(0, 65, (2, 16))
+    explained = torch._dynamo.explain(lambda x, y: model(x, targets=y)[1])(ids, targets)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    with pytest.raises(ValueError, match="target id 65 is outside"):  # eager names the value
+        model(ids, targets=torch.full((2, 16), 65))
+
+
+def test_compiled_models_refuse_ids_outside_the_vocabulary_without_aborting() -> None:
+    """Inside a compiled graph the range checks are assertions (a value read would break the
+    graph): a clean RuntimeError naming what was expected, where Inductor's own index check in
+    the embedding or the loss would terminate the whole process."""
+    from attnlab import GPT, GPTConfig
+
+    model = GPT(
+        GPTConfig(vocab_size=65, d_model=32, n_heads=4, n_layers=1, d_ff=64, max_seq_len=16,
+                  dropout=0.0, eos_id=None)
+    )  # fmt: skip
+    loss = torch.compile(lambda x, y: model(x, targets=y)[1])
+    ids = torch.randint(0, 65, (2, 16))
+    assert torch.isfinite(loss(ids, ids))
+    with pytest.raises(RuntimeError, match=r"a target id is outside the vocabulary \[0, 65\)"):
+        loss(ids, torch.full((2, 16), 65))
+    with pytest.raises(RuntimeError, match=r"a token id is outside the vocabulary \[0, 65\)"):
+        loss(torch.full((2, 16), -1), ids)
+    ignored = ids.clone()
+    ignored[0, :4] = -100  # the ignored id is no error
+    assert torch.isfinite(loss(ids, ignored))

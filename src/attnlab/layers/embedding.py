@@ -65,9 +65,17 @@ class TokenEmbedding(nn.Module):
                 f"token ids are on the meta device (shapes, no values) but the embedding is on "
                 f"{self.weight.device}: move them to one device"
             )
-        # the range check reads values (a graph break under torch.compile, which the
-        # embedding kernel's own index check replaces there)
-        if ids.numel() and ids.device.type != "meta" and not torch.compiler.is_compiling():
+        # the range check reads values: under torch.compile that would break the graph, so
+        # there an assertion inside the graph stands in (a RuntimeError without the value), and
+        # the ids are clamped so that no kernel reads out of bounds before it reports (the
+        # compiled embedding's own index check can abort the whole process)
+        if ids.numel() and ids.device.type != "meta" and torch.compiler.is_compiling():
+            inside = ((ids >= 0) & (ids < self.vocab_size)).all()
+            torch._assert_async(
+                inside, f"a token id is outside the vocabulary [0, {self.vocab_size})"
+            )
+            ids = ids.clamp(0, self.vocab_size - 1)
+        elif ids.numel() and ids.device.type != "meta":
             lo, hi = int(ids.min()), int(ids.max())
             if lo < 0 or hi >= self.vocab_size:
                 bad = lo if lo < 0 else hi

@@ -115,12 +115,14 @@ class LearnedPositionalEmbedding(PositionalEncoding):
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         check_positions(positions, x, 1)
-        if (
-            positions.numel()
-            and positions.device.type != "meta"
-            and not torch.compiler.is_compiling()  # a value read: a graph break when compiled
-            and int(positions.max()) >= self.max_seq_len
-        ):
+        real = positions.numel() and positions.device.type != "meta"
+        if real and torch.compiler.is_compiling():  # a value read would break the graph
+            torch._assert_async(
+                (positions < self.max_seq_len).all(),
+                f"a position is outside the learned table of max_seq_len={self.max_seq_len}",
+            )
+            positions = positions.clamp(max=self.max_seq_len - 1)  # no read out of bounds first
+        elif real and int(positions.max()) >= self.max_seq_len:
             raise ValueError(
                 f"position {int(positions.max())} is outside the learned table of "
                 f"max_seq_len={self.max_seq_len}"

@@ -206,7 +206,18 @@ def token_loss(
     if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
         raise ValueError(f"targets must be integer token ids, got dtype {targets.dtype}")
     V = logits.shape[-1]
-    if targets.numel() and targets.device.type != "meta":
+    # reading the ids would break the graph when compiled: there an assertion inside the graph
+    # stands in (a RuntimeError without the value) and the ids are clamped so that the loss
+    # kernel never reads out of bounds before it reports (its own index check can abort the
+    # process), as for the embedding's ids
+    if targets.numel() and targets.device.type != "meta" and torch.compiler.is_compiling():
+        ignored = targets == ignore_index
+        inside = ignored | ((targets >= 0) & (targets < V))
+        torch._assert_async(
+            inside.all(), f"a target id is outside the vocabulary [0, {V}) (and not {ignore_index})"
+        )
+        targets = torch.where(ignored, targets, targets.clamp(0, V - 1))
+    elif targets.numel() and targets.device.type != "meta":
         real = targets[targets != ignore_index]
         if real.numel() and (int(real.min()) < 0 or int(real.max()) >= V):
             bad = int(real.min()) if int(real.min()) < 0 else int(real.max())
