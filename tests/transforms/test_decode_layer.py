@@ -27,6 +27,7 @@ pytestmark = [
 
 
 def _gpt(**overrides: Any) -> GPT:
+    layout = overrides.pop("rope_layout", None)
     torch.manual_seed(0)
     cfg = GPTConfig(
         vocab_size=50,
@@ -39,6 +40,8 @@ def _gpt(**overrides: Any) -> GPT:
         eos_id=None,
     )
     model = GPT(dataclasses.replace(cfg, **overrides)).eval()
+    if layout is not None:
+        model.pos_encoding.layout = layout
     with torch.no_grad():  # large weights: peaked next-token distributions, no near-ties
         for p in model.parameters():
             if p.dim() > 1:
@@ -80,6 +83,25 @@ CONFIGS = [
     pytest.param("int4", {"n_kv_heads": 2, "activation": "gelu"}, id="gqa-gelu"),
     pytest.param("int8", {"activation": "silu", "n_kv_heads": 1}, id="mqa-silu"),
     pytest.param("int4", {"activation": "geglu", "norm": "rmsnorm"}, id="rms-geglu"),
+    pytest.param(
+        "int4",
+        {
+            "pos_encoding": "rope",
+            "n_kv_heads": 2,
+            "norm": "rmsnorm",
+            "activation": "swiglu",
+            "bias": False,
+        },
+        id="llama-like",
+    ),
+    pytest.param(
+        "int8", {"pos_encoding": "rope", "rope_layout": "interleaved"}, id="rope-interleaved"
+    ),
+    pytest.param(
+        "int8",
+        {"pos_encoding": "rope", "rope_scaling": "dynamic", "rope_factor": 2.0, "max_seq_len": 8},
+        id="rope-dynamic",  # positions past max_seq_len: the base grows step by step
+    ),
 ]
 
 
@@ -94,7 +116,7 @@ def test_fused_step_equals_the_modules_bit_for_bit(
     step = torch.ops.attnlab_decode.layer_step
 
     def counting(*args: Any) -> torch.Tensor:
-        calls.append(args[-1])  # the cache position written
+        calls.append(args[6])  # the cache position written
         return step(*args)
 
     with torch.inference_mode():
@@ -142,7 +164,6 @@ def test_generate_with_fused_steps_gives_the_tokens_of_plain_decoding(fmt: str) 
 @pytest.mark.parametrize(
     ("overrides", "why"),
     [
-        ({"pos_encoding": "rope"}, "rotary positions"),
         ({"attn_backend": "math"}, "not the sdpa backend (no attention kernel)"),
         ({"attn_backend": "sliding_window", "attn_window": 4}, "a sliding window"),
     ],
@@ -155,6 +176,19 @@ def test_layers_it_does_not_cover_keep_their_modules(overrides: dict[str, Any], 
     assert torch.equal(
         attnlab.generate(model, ids, max_new_tokens=8, eos_id=()), _plain_generate(model, ids, 8)
     )
+
+
+def test_alibi_steps_carry_a_mask_and_run_the_modules() -> None:
+    model = quantize(_gpt(pos_encoding="alibi"), "int8")
+    ids = torch.randint(0, 50, (1, 4))
+    generated: list[torch.Tensor] = []
+    taken = _steps_taken(
+        model,
+        lambda: generated.append(attnlab.generate(model, ids, max_new_tokens=8, eos_id=())),
+        layout=False,
+    )
+    assert taken == 0
+    assert torch.equal(generated[0], _plain_generate(model, ids, 8))
 
 
 def test_float32_and_encoder_decoder_models_get_no_plan() -> None:

@@ -12,7 +12,7 @@ bit for bit the modules' (tests/transforms/test_decode_layer.py).
 :func:`layer_plan` describes a layer for that operator, or returns ``None`` when the layer is
 not one it covers: a :class:`~attnlab.layers.blocks.DecoderLayer` without cross-attention,
 attnlab's ``LayerNorm`` or ``RMSNorm``, a :class:`~attnlab.layers.feedforward.FeedForward` (plain
-or gated), an ``sdpa`` self-attention without rotary positions whose q/k/v are joined in a
+or gated), an ``sdpa`` self-attention (RoPE or none) whose q/k/v are joined in a
 :class:`~attnlab.transforms.decode_weights.QuantizedStack`, and an output projection and FFN of
 int8/int4 layers run by attnlab's kernels. :func:`fused_forward` is the layer's ``forward`` while
 :func:`~attnlab.transforms.decode_weights.decode_layout` is active: a step it covers (one new
@@ -33,17 +33,19 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules import module as torch_module
 
+import attnlab.transforms.woq_kernels as wk
 from attnlab.layers.blocks import DecoderLayer
 from attnlab.layers.feedforward import GATED, FeedForward
-from attnlab.layers.kv_cache import LayerKVCache
+from attnlab.layers.kv_cache import LayerKVCache, positions_for
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.layers.norm import LayerNorm, RMSNorm
-from attnlab.transforms import woq_kernels as wk
+from attnlab.layers.positional import RotaryEmbedding, check_positions
 from attnlab.transforms.quant_modules import QuantizedLinear
 
 # the codes of csrc/decode_layer.cpp
 NORM_KINDS: dict[type, int] = {LayerNorm: 0, RMSNorm: 1}
 ACTIVATION_CODES = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3}
+ROTARY_LAYOUTS = {"half": 1, "interleaved": 2}
 
 
 def _kernel_layer(m: object) -> QuantizedLinear | None:
@@ -95,8 +97,10 @@ class LayerPlan:
     Attributes:
         tensors: norm 1 (weight, bias), norm 2 (weight, bias), then (codes, scales, zeros,
             bias) of q/k/v (joined), out, up, gate and down (``None`` where absent).
-        config: pre-norm, norm kind, activation, gated, H, H_kv, D, then (bits, group size) of
-            the five linears. floats: the two norms' eps and the attention scale.
+        config: pre-norm, norm kind, activation, gated, H, H_kv, D, RoPE layout (0: none),
+            then (bits, group size) of the five linears. floats: the two norms' eps and the
+            attention scale.
+        rotary: the layer's RoPE module, or ``None``.
         watched: the tensors the step reads (the norms', out's, up's, gate's and down's: an
             in-place change of them is seen by the step, a replacement is not) and the q/k/v
             tensors the joined copy was made from (an in-place change is not seen either), as
@@ -109,6 +113,7 @@ class LayerPlan:
     tensors: list[Tensor | None]
     config: list[int]
     floats: list[float]
+    rotary: RotaryEmbedding | None
     watched: tuple[Watched, ...]
     modules: tuple[nn.Module, ...]
     hooked: tuple[nn.Module, ...]
@@ -134,7 +139,7 @@ def layer_plan(layer: nn.Module, qkv: Any) -> LayerPlan | None:
         not wk.available()
         or "forward" in layer.__dict__  # already replaced (e.g. activation checkpointing)
         or not isinstance(mha, MultiHeadAttention)
-        or mha.rotary is not None
+        or not (mha.rotary is None or type(mha.rotary) is RotaryEmbedding)
         or not isinstance(ffn, FeedForward)
         or type(n1) not in NORM_KINDS
         or type(n1) is not type(n2)
@@ -164,6 +169,7 @@ def layer_plan(layer: nn.Module, qkv: Any) -> LayerPlan | None:
         mha.n_heads,
         mha.n_kv_heads,
         mha.d_head,
+        0 if mha.rotary is None else ROTARY_LAYOUTS[mha.rotary.layout],
     ]
     for lin in (joined, out, up, gate, down):
         entries, codes = _linear_entries(lin)
@@ -178,6 +184,7 @@ def layer_plan(layer: nn.Module, qkv: Any) -> LayerPlan | None:
         tensors=tensors,
         config=config,
         floats=[float(n1.eps), float(n2.eps), mha.d_head**-0.5],
+        rotary=cast("RotaryEmbedding | None", mha.rotary),
         watched=_watch([n1, n2, *linears], versions=False) + _watch(qkv.sources, versions=True),
         modules=tuple(modules[1:]),  # the layer's own hooks run around its forward anyway
         hooked=(layer, mha, ffn),
@@ -196,15 +203,39 @@ def _no_hooks(plan: LayerPlan) -> bool:
     )
 
 
-def fused_forward(layer: DecoderLayer, plan: LayerPlan) -> Callable[..., Tensor]:
-    """``layer.forward`` that runs a step the plan covers as one call (see the module doc)."""
+class RotaryMemo:
+    """cos and sin of one decoding step's positions, made once for all the layers that share a
+    RoPE module (the positions tensor is the same object for every layer of a step)."""
+
+    def __init__(self) -> None:
+        self.key: tuple[RotaryEmbedding, Tensor] | None = None
+        self.value: tuple[Tensor, Tensor] = (torch.empty(0), torch.empty(0))
+
+    def cos_sin(self, rotary: RotaryEmbedding, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """``RotaryEmbedding.rotate``'s cos and sin for ``positions``, float32: ``(T, D/2)``, or
+        ``(B, 1, T, D/2)`` for per-sequence positions."""
+        if self.key is None or self.key[0] is not rotary or self.key[1] is not positions:
+            ang = rotary.angles(positions)  # (T, D/2) or (B, T, D/2), float64
+            if ang.dim() == 3:
+                ang = ang.unsqueeze(1)  # (B, 1, T, D/2): broadcast over heads
+            self.key, self.value = (rotary, positions), (ang.cos().float(), ang.sin().float())
+        return self.value
+
+
+def fused_forward(
+    layer: DecoderLayer, plan: LayerPlan, memo: RotaryMemo | None = None
+) -> Callable[..., Tensor]:
+    """``layer.forward`` that runs a step the plan covers as one call (see the module doc);
+    ``memo``: shared by the layers of one model (a RoPE model's cos and sin made once a step)."""
     step = torch.ops.attnlab_decode.layer_step
+    rotary, rope = plan.rotary, memo or RotaryMemo()
 
     def forward(
         x: Tensor,
         memory: Tensor | None = None,
         *,
         mask: Tensor | None = None,
+        positions: Tensor | None = None,
         cache: LayerKVCache | None = None,
         **kwargs: Any,
     ) -> Tensor:
@@ -227,13 +258,20 @@ def fused_forward(layer: DecoderLayer, plan: LayerPlan) -> Callable[..., Tensor]
             and _no_hooks(plan)
             and plan.is_current()
         ):
-            y = cast(
-                Tensor,
-                step(x, plan.tensors, plan.config, plan.floats, cache.k, cache.v, cache.length),
+            cos = sin = None
+            if rotary is not None:
+                if positions is None:
+                    positions = positions_for(1, cache, x.device)
+                check_positions(positions, x, 1)
+                cos, sin = rope.cos_sin(rotary, positions)
+            y = step(
+                x, plan.tensors, plan.config, plan.floats, cache.k, cache.v, cache.length, cos, sin
             )
             cache.length += 1
-            return y
-        return DecoderLayer.forward(layer, x, memory, mask=mask, cache=cache, **kwargs)
+            return cast(Tensor, y)
+        return DecoderLayer.forward(
+            layer, x, memory, mask=mask, positions=positions, cache=cache, **kwargs
+        )
 
     forward.plan = plan  # type: ignore[attr-defined]  # for tests and inspection
     return forward
@@ -245,4 +283,4 @@ def active_plan(layer: nn.Module) -> LayerPlan | None:
     return plan if isinstance(plan, LayerPlan) else None
 
 
-__all__ = ["LayerPlan", "active_plan", "fused_forward", "layer_plan"]
+__all__ = ["LayerPlan", "RotaryMemo", "active_plan", "fused_forward", "layer_plan"]

@@ -40,10 +40,10 @@ their attention backend (``sdpa``) runs attnlab's decode-attention kernel
 (:func:`attnlab.transforms.woq_kernels.decode_attention`) for every step with one query per
 sequence, no mask and autograd off (a prompt, a padded batch's masked steps, anything else:
 ``sdpa`` as before); the backend is restored afterwards. Where a whole decoder layer is of that
-kind (int8/int4 projections on attnlab's kernels, LayerNorm or RMSNorm, a plain or gated FFN, no
-rotary positions, no cross-attention), its ``forward`` is replaced too, for the call: each
-one-token step runs as one C++ call (:mod:`attnlab.transforms.decode_layer`, bit for bit the
-modules' result), any other step through the modules.
+kind (int8/int4 projections on attnlab's kernels, LayerNorm or RMSNorm, a plain or gated FFN,
+learned or rotary positions, no cross-attention), its ``forward`` is replaced too, for the
+call: each one-token step runs as one C++ call (:mod:`attnlab.transforms.decode_layer`, bit for
+bit the modules' result), any other step through the modules.
 
 Shapes: (..., in) -> (..., out).
 """
@@ -67,7 +67,7 @@ from attnlab.layers.attention_backends import sdpa_attention
 from attnlab.layers.blocks import DecoderLayer
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.models import build_model
-from attnlab.transforms.decode_layer import fused_forward, layer_plan
+from attnlab.transforms.decode_layer import RotaryMemo, fused_forward, layer_plan
 from attnlab.transforms.quant_modules import QuantizedLinear, stack_quantized, stackable
 
 
@@ -366,10 +366,11 @@ def decode_layout(model: nn.Module, rows: int) -> Iterator[None]:
             for mha in kernel_attention:
                 backends.append((mha, mha.backend))
                 mha.backend = _decode_attention(mha.backend)
+            memo = RotaryMemo()  # a RoPE model's cos and sin, made once a step
             for layer in _layers_of(model, kernel_attention):
                 plan = layer_plan(layer, stacks[layer.self_attn])
                 if plan is not None:  # one call per layer and token (decode_layer.py)
-                    _patch(layer, "forward", fused_forward(layer, plan))
+                    _patch(layer, "forward", fused_forward(layer, plan, memo))
                     patched.append((layer, "forward"))
         yield
     finally:

@@ -19,8 +19,9 @@
 // test_decode_layer.py holds it to torch.equal).
 //
 // What it takes (decode_layer.py checks all of it and otherwise leaves the layer to its
-// modules): one query per sequence (x (B, 1, E) float32 contiguous on the CPU), no mask, no
-// rotary positions, a plain (unwindowed) cache with room for one more position, every
+// modules): one query per sequence (x (B, 1, E) float32 contiguous on the CPU), no mask, RoPE
+// or no rotary positions (cos and sin of the step come from Python, computed as the rotary
+// module computes them), a plain (unwindowed) cache with room for one more position, every
 // projection an int8 or int4 layer run by attnlab's kernels (q/k/v joined into one), LayerNorm
 // or RMSNorm, and relu / gelu / gelu_tanh / silu (plain or gated).
 
@@ -37,6 +38,7 @@ namespace {
 // Layout of the `config` list (see decode_layer.py, which writes it).
 enum Config : int64_t {
   PRE_NORM, NORM_KIND, ACTIVATION, GATED, HEADS, KV_HEADS, HEAD_DIM,
+  ROTARY,   // 0: none, 1: RoPE "half" layout (pairs i, i + D/2), 2: "interleaved" (2i, 2i + 1)
   LINEARS,  // then (bits, group size) for qkv, out, up, gate, down
 };
 enum Linear : int64_t { QKV, OUT, UP, GATE, DOWN, N_LINEARS };
@@ -82,6 +84,25 @@ at::Tensor norm(const at::Tensor& x, int64_t kind, const Opt& w, const Opt& b, d
   return x * at::rsqrt(x.pow(2).mean(-1, true) + eps) * *w;
 }
 
+// attnlab.layers.positional.RotaryEmbedding.rotate of x (B, H, 1, D) with the step's cos and
+// sin (float32, broadcastable to (B, H, 1, D/2)), in its order of operations.
+at::Tensor rotate(const at::Tensor& x, int64_t layout, const at::Tensor& cos,
+                  const at::Tensor& sin) {
+  if (layout == 1) {
+    const auto halves = x.chunk(2, -1);
+    const at::Tensor &x1 = halves[0], &x2 = halves[1];
+    return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
+  }
+  const int64_t D = x.size(-1);
+  const at::Tensor x1 = x.slice(-1, 0, D, 2), x2 = x.slice(-1, 1, D, 2);
+  return at::stack({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1).flatten(-2);
+}
+
+// cache[b, h, length, :] = k[b, h, 0, :] for a (B, H_kv, 1, D) tensor of any strides.
+void write_rotated(const at::Tensor& cache, const at::Tensor& k, int64_t length) {
+  cache.narrow(2, length, 1).copy_(k);
+}
+
 // attnlab.layers.feedforward.ACTIVATIONS
 at::Tensor activate(const at::Tensor& x, int64_t kind) {
   switch (kind) {
@@ -108,7 +129,8 @@ void write_position(const at::Tensor& cache, const at::Tensor& p, int64_t offset
 
 at::Tensor layer_step(const at::Tensor& x, const c10::List<Opt>& tensors,
                       std::vector<int64_t> config, std::vector<double> floats,
-                      const at::Tensor& cache_k, const at::Tensor& cache_v, int64_t length) {
+                      const at::Tensor& cache_k, const at::Tensor& cache_v, int64_t length,
+                      const Opt& cos, const Opt& sin) {
   TORCH_CHECK(x.dim() == 3 && x.size(1) == 1 && x.scalar_type() == at::kFloat &&
                   x.is_contiguous() && x.device().is_cpu(),
               "decode_layer: x must be a contiguous float32 (B, 1, E) CPU tensor");
@@ -138,8 +160,15 @@ at::Tensor layer_step(const at::Tensor& x, const c10::List<Opt>& tensors,
   // self-attention sublayer
   const at::Tensor h = pre ? norm(x, kind, w1, b1, floats[0]) : x;  // (B, 1, E)
   const at::Tensor p = apply(qkv, h.view({B, E}));                     // (B, (H + 2 H_kv) D)
-  const at::Tensor q = p.narrow(1, 0, H * D).view({B, 1, H, D}).transpose(1, 2);  // (B, H, 1, D)
-  write_position(cache_k, p, (H * D), Hkv, D, length);
+  at::Tensor q = p.narrow(1, 0, H * D).view({B, 1, H, D}).transpose(1, 2);  // (B, H, 1, D)
+  if (config[ROTARY] != 0) {
+    TORCH_CHECK(cos.has_value() && sin.has_value(), "decode_layer: rotary layer without cos/sin");
+    const at::Tensor k = p.narrow(1, H * D, Hkv * D).view({B, 1, Hkv, D}).transpose(1, 2);
+    q = rotate(q, config[ROTARY], *cos, *sin);
+    write_rotated(cache_k, rotate(k, config[ROTARY], *cos, *sin), length);
+  } else {
+    write_position(cache_k, p, (H * D), Hkv, D, length);
+  }
   write_position(cache_v, p, (H + Hkv) * D, Hkv, D, length);
   const at::Tensor a = attnlab::decode_attention(q, cache_k.narrow(2, 0, length + 1),
                                                  cache_v.narrow(2, 0, length + 1), floats[2]);
@@ -165,7 +194,7 @@ at::Tensor layer_step(const at::Tensor& x, const c10::List<Opt>& tensors,
 TORCH_LIBRARY_FRAGMENT(attnlab_decode, m) {
   m.def(
       "layer_step(Tensor x, Tensor?[] tensors, int[] config, float[] floats, Tensor cache_k, "
-      "Tensor cache_v, int length) -> Tensor");
+      "Tensor cache_v, int length, Tensor? cos=None, Tensor? sin=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(attnlab_decode, CPU, m) { m.impl("layer_step", &layer_step); }
