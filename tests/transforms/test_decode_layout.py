@@ -27,6 +27,13 @@ from attnlab.transforms.decode_weights import (
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
+@pytest.fixture(autouse=True)
+def _onednn_for_large_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests below check the reordered copies, which an Intel CPU would not make by
+    default (test_large_weights_follow_the_cpu covers that choice)."""
+    monkeypatch.setenv(layout_module.LIBRARY_VARIABLE, "onednn")
+
+
 def _all_large(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make every weight count as large: reordered (oneDNN) copies, whatever the rows."""
     monkeypatch.setattr(layout_module, "ONEDNN_MIN_NUMEL", 0)
@@ -326,3 +333,41 @@ def test_stack_quantized_refuses_mixed_formats() -> None:
         stack_quantized([a, b])
     with pytest.raises(ValueError, match="one format"):
         stack_quantized([])
+
+
+@pytest.mark.parametrize(
+    ("vendor", "setting", "library"),
+    [
+        ("GenuineIntel", "auto", "mkl"),
+        ("AuthenticAMD", "auto", "onednn"),
+        ("", "", "onednn"),
+        ("GenuineIntel", "onednn", "onednn"),
+        ("AuthenticAMD", "MKL", "mkl"),
+    ],
+)
+def test_large_weights_follow_the_cpu(
+    vendor: str, setting: str, library: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large weights are decoded by MKL from the parameters themselves on Intel CPUs and from
+    reordered oneDNN copies elsewhere (ATTNLAB_DECODE_LIBRARY decides by hand); the logits are
+    those of the modules either way, to float rounding."""
+    _all_large(monkeypatch)
+    monkeypatch.setattr(layout_module, "_cpu_vendor", lambda: vendor)
+    monkeypatch.setenv(layout_module.LIBRARY_VARIABLE, setting)
+    assert layout_module.large_weight_library() == library
+    model = _gpt()
+    ids = torch.randint(0, 50, (1, 6))
+    with torch.inference_mode():
+        expected, _ = model(ids)
+        with decode_layout(model, rows=1):
+            copied = active_copy(model.lm_head)
+            got, _ = model(ids)
+    assert (copied is not None and copied.reordered) == (library == "onednn")
+    assert (copied is None) == (library == "mkl")
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_bad_library_setting_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(layout_module.LIBRARY_VARIABLE, "cublas")
+    with pytest.raises(ValueError, match="ATTNLAB_DECODE_LIBRARY='cublas': expected"):
+        layout_module.large_weight_library()

@@ -7,7 +7,13 @@ this was measured on (2-core AMD EPYC, MKL and oneDNN as shipped in the torch 2.
 cache), oneDNN's inner product on a *reordered* weight read the weights at 19-28 GB/s where
 ``F.linear`` (MKL) read 7-18 GB/s: 20.2 vs 35.2 ms of products per token for 1 row, 22.9 vs
 57.4 ms for 8 rows. The reordered copy serves any number of rows (the reorder only takes the row
-count as a hint). Small weights are another matter: oneDNN's fixed cost per call outweighs the
+count as a hint). On Intel CPUs it is the other way round: on two 2-core Xeons of later sessions
+``F.linear`` read the weights faster than the reordered copies (17.5 vs 12.2 GB/s; GPT-2 small
+decoded at 26.6 ms per token without copies against 32.4 ms with them, interleaved rounds), as
+one expects of MKL, Intel's library, which is known to take slower paths on other vendors' CPUs.
+So large weights get reordered copies unless the CPU is an Intel one
+(:func:`large_weight_library`; ``ATTNLAB_DECODE_LIBRARY=onednn|mkl`` decides by hand). Small
+weights are another matter: oneDNN's fixed cost per call outweighs the
 bandwidth (a d_model 128 GPT decoded 1.8x slower), so weights under :data:`ONEDNN_MIN_NUMEL`
 elements get an *input-major* copy instead (``(in, out)`` storage used through a transposed
 view; MKL's kernel for it beats ``nn.Linear``'s layout on wide matrices read by 1-2 rows).
@@ -16,8 +22,9 @@ view; MKL's kernel for it beats ``nn.Linear``'s layout on wide matrices read by 
 built model: every decoder self-attention gets its ``project_qkv`` replaced by one product on a
 stacked q/k/v copy, and every other projection of the decoder layers that runs per token
 (self-attention output, cross-attention query and output, the FFN's linears) and the LM head a
-``forward`` that uses its own copy — where a copy pays: always for weights of at least
-:data:`ONEDNN_MIN_NUMEL` elements (reordered), and for smaller ones (input-major) only the
+``forward`` that uses its own copy — where a copy pays: for weights of at least
+:data:`ONEDNN_MIN_NUMEL` elements where oneDNN decodes them (reordered; not on Intel CPUs, where
+the parameters themselves go to MKL), and for smaller ones (input-major) only the
 stacked q/k/v and the wide projections (``out > in``) when at most :data:`MAX_ROWS` rows are
 decoded. Afterwards the modules are as they were. Cross-attention keys/values are projected once
 per call from the encoder memory and keep the parameters. The parameters themselves are never
@@ -28,9 +35,10 @@ same tensors, same storage, same in-place version), never with stale numbers.
 Making the copies costs one pass over the weights (~0.3 s for GPT-2 small), so they are kept with
 the model between calls and made again only for weights that changed since (a model being
 trained gets fresh ones at each sampling call); :func:`release_copies` frees them. The price is
-memory: about 1.0x the decoder's weights (~0.5 GB for GPT-2 small) from the first decoding call
-until the model goes or :func:`release_copies`; the memory check of ``attnlab generate`` counts
-them (:func:`copy_numel`). Models off the CPU, in another dtype than fp32, or without oneDNN
+memory: about 1.0x the decoder's weights (~0.5 GB for GPT-2 small; with MKL for the large
+weights, only the small ones' copies) from the first decoding call until the model goes or
+:func:`release_copies`; the memory check of ``attnlab generate`` counts them (:func:`copy_numel`,
+as if every copy were made). Models off the CPU, in another dtype than fp32, or without oneDNN
 decode with their own modules; so do quantized projections
 (:mod:`attnlab.transforms.quant_modules`), except a self-attention's q/k/v run by attnlab's int8
 or int4 kernel: those are joined into one quantized layer (:class:`QuantizedStack`, a copy of
@@ -51,6 +59,8 @@ Shapes: (..., in) -> (..., out).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 import re
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -277,10 +287,43 @@ def _config_copy_numel(config: Any) -> int:
     return c1 + (n - 1) * (c2 - c1)
 
 
+@functools.cache
+def _cpu_vendor() -> str:
+    """The CPU's vendor string (``GenuineIntel``, ``AuthenticAMD``, ...; empty if unknown)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+LIBRARY_VARIABLE = "ATTNLAB_DECODE_LIBRARY"
+
+
+def large_weight_library() -> str:
+    """Which library decodes weights of at least :data:`ONEDNN_MIN_NUMEL` elements: ``"onednn"``
+    (a reordered copy) or ``"mkl"`` (``F.linear`` on the parameter itself, no copy). Set by
+    ``ATTNLAB_DECODE_LIBRARY`` (``onednn``, ``mkl`` or ``auto``); ``auto`` (the default) is
+    ``mkl`` on Intel CPUs and ``onednn`` elsewhere (see the module doc).
+
+    Raises:
+        ValueError: for another value of ``ATTNLAB_DECODE_LIBRARY``.
+    """
+    choice = os.environ.get(LIBRARY_VARIABLE, "auto").strip().lower() or "auto"
+    if choice not in ("auto", "onednn", "mkl"):
+        raise ValueError(f"{LIBRARY_VARIABLE}={choice!r}: expected 'onednn', 'mkl' or 'auto'")
+    if choice == "auto":
+        return "mkl" if _cpu_vendor() == "GenuineIntel" else "onednn"
+    return choice
+
+
 def _pays(linears: Sequence[nn.Linear], rows: int, stacked: bool) -> bool:
     """Whether a copy of ``linears`` speeds up decoding ``rows`` rows (see the module doc)."""
     if sum(lin.weight.numel() for lin in linears) >= ONEDNN_MIN_NUMEL:
-        return True
+        return large_weight_library() == "onednn"
     wide = stacked or all(lin.out_features > lin.in_features for lin in linears)
     return rows <= MAX_ROWS and wide
 
@@ -480,6 +523,7 @@ __all__ = [
     "active_copy",
     "copy_numel",
     "decode_layout",
+    "large_weight_library",
     "release_copies",
     "reordering_available",
 ]
