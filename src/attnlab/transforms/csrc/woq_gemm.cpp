@@ -217,11 +217,11 @@ ATTNLAB_AVX512 void int8_row512(const float* x, int64_t K, const int8_t* r, floa
 // (a multiply, then an add: exactly the reference's dequantized weights) and each code is looked
 // up in them by one permute (vpermps reads the low 4 bits of each 32-bit lane, so the low nibble
 // needs no mask and the high one a shift): per 32 codes one widening, one shift, two permutes
-// and two FMAs, against the widening, mask, shift, two conversions and two FMAs plus a scaling
-// at every group's end of the conversion loop (the AVX2 loop above): 1.6x the codes per second
-// on the 2-core Xeon (Sapphire Rapids) of issue 27's fourth session, in L2 (GPT-2's 3072x768
-// and 768x3072, 56-57 us against 88-90 us). One prefetch per 64-byte line, PREFETCH bytes ahead
-// of the R rows' codes (which lie one after another).
+// and two FMAs, against the widening, mask, shift, two conversions and two FMAs (plus a scaling
+// at every group's end) of the AVX-512 version of the AVX2 loop above, which this replaced: 1.6x
+// the codes per second on a 2-core Xeon (Sapphire Rapids class, 2026-12-05), in L2 (GPT-2's
+// 3072x768 and 768x3072, 56-57 us against 88-90 us). One prefetch per 64-byte line, PREFETCH
+// bytes ahead of the R rows' codes (which lie one after another).
 template <int R, int MB>
 ATTNLAB_AVX512 void int4_rows512(const float* xs, int64_t K, int64_t g, const uint8_t* c,
                                  const float* scale, const float* zero, const float* bias,
