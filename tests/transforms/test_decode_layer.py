@@ -4,7 +4,6 @@ apply."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 from contextlib import nullcontext
 from typing import Any
@@ -13,12 +12,14 @@ import pytest
 import torch
 
 import attnlab
-from attnlab import GPT, GPTConfig
+from attnlab import GPT
 from attnlab.inspect import hooked
 from attnlab.transforms import decode_layer, quantize
 from attnlab.transforms import woq_kernels as wk
 from attnlab.transforms.decode_layer import active_plan
 from attnlab.transforms.decode_weights import decode_layout
+
+from .test_decode_layout import _gpt as _peaked_gpt
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),  # tests/conftest.py
@@ -27,27 +28,12 @@ pytestmark = [
 
 
 def _gpt(**overrides: Any) -> GPT:
+    """test_decode_layout's peaked-weight GPT at d_model 64 (``rope_layout``: set the RoPE
+    module's pair layout, which no config field names)."""
     layout = overrides.pop("rope_layout", None)
-    torch.manual_seed(0)
-    cfg = GPTConfig(
-        vocab_size=50,
-        d_model=64,
-        n_heads=4,
-        n_layers=2,
-        d_ff=128,
-        max_seq_len=64,
-        dropout=0.0,
-        eos_id=None,
-    )
-    model = GPT(dataclasses.replace(cfg, **overrides)).eval()
+    model = _peaked_gpt(**{"d_model": 64, "d_ff": 128, **overrides})
     if layout is not None:
         model.pos_encoding.layout = layout
-    with torch.no_grad():  # large weights: peaked next-token distributions, no near-ties
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.15)
-            else:  # biases and norm gains
-                p.uniform_(0.5, 1.5)
     return model
 
 
