@@ -109,14 +109,14 @@ void scores(const float* q, const float* k, int64_t ks, int64_t S, int64_t D, fl
   int64_t s = 0;
   if constexpr (NV > 0) {
     __m256 qv[NV];
-    for (int u = 0; u < NV; ++u) qv[u] = _mm256_loadu_ps(q + 8 * u);
+    ATTNLAB_UNROLL for (int u = 0; u < NV; ++u) qv[u] = _mm256_loadu_ps(q + 8 * u);
     const __m256 sc = _mm256_set1_ps(scale);
     for (; s + 8 <= S; s += 8) {
       __m256 acc[8];
-      for (int j = 0; j < 8; ++j) {
+      ATTNLAB_UNROLL for (int j = 0; j < 8; ++j) {
         const float* kr = k + (s + j) * ks;
         acc[j] = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kr));
-        for (int u = 1; u < NV; ++u) acc[j] = _mm256_fmadd_ps(qv[u], _mm256_loadu_ps(kr + 8 * u), acc[j]);
+        ATTNLAB_UNROLL for (int u = 1; u < NV; ++u) acc[j] = _mm256_fmadd_ps(qv[u], _mm256_loadu_ps(kr + 8 * u), acc[j]);
       }
       _mm256_storeu_ps(p + s, _mm256_mul_ps(hsum_8x8(acc), sc));
     }
@@ -130,20 +130,20 @@ void weighted_values(const float* p, const float* v, int64_t vs, int64_t S, int6
                      float inv, float* out) {
   if constexpr (NV > 0) {
     __m256 acc[2][NV];
-    for (int u = 0; u < NV; ++u) acc[0][u] = acc[1][u] = _mm256_setzero_ps();
+    ATTNLAB_UNROLL for (int u = 0; u < NV; ++u) acc[0][u] = acc[1][u] = _mm256_setzero_ps();
     int64_t t = 0;
     for (; t + 2 <= S; t += 2)
-      for (int j = 0; j < 2; ++j) {
+      ATTNLAB_UNROLL for (int j = 0; j < 2; ++j) {
         const __m256 w = _mm256_set1_ps(p[t + j]);
         const float* vr = v + (t + j) * vs;
-        for (int u = 0; u < NV; ++u) acc[j][u] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * u), acc[j][u]);
+        ATTNLAB_UNROLL for (int u = 0; u < NV; ++u) acc[j][u] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * u), acc[j][u]);
       }
     if (t < S) {
       const __m256 w = _mm256_set1_ps(p[t]);
-      for (int u = 0; u < NV; ++u) acc[0][u] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + t * vs + 8 * u), acc[0][u]);
+      ATTNLAB_UNROLL for (int u = 0; u < NV; ++u) acc[0][u] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + t * vs + 8 * u), acc[0][u]);
     }
     const __m256 iv = _mm256_set1_ps(inv);
-    for (int u = 0; u < NV; ++u) _mm256_storeu_ps(out + 8 * u, _mm256_mul_ps(_mm256_add_ps(acc[0][u], acc[1][u]), iv));
+    ATTNLAB_UNROLL for (int u = 0; u < NV; ++u) _mm256_storeu_ps(out + 8 * u, _mm256_mul_ps(_mm256_add_ps(acc[0][u], acc[1][u]), iv));
   } else {
     std::fill(out, out + Dv, 0.f);
     for (int64_t t = 0; t < S; ++t) {

@@ -75,25 +75,25 @@ template <int MB>
 void int8_row(const float* x, int64_t K, const int8_t* r, float scale, float bias, float* y,
               int64_t N, int64_t m0, int64_t n) {
   __m256 acc[MB][4];
-  for (int i = 0; i < MB; ++i)
-    for (int u = 0; u < 4; ++u) acc[i][u] = _mm256_setzero_ps();
+  ATTNLAB_UNROLL for (int i = 0; i < MB; ++i)
+    ATTNLAB_UNROLL for (int u = 0; u < 4; ++u) acc[i][u] = _mm256_setzero_ps();
   const int64_t K32 = K & ~int64_t(31), K8 = K & ~int64_t(7);
   int64_t k = 0;
   for (; k < K32; k += 32) {
     prefetch_l2(r + k + PREFETCH_INT8);
     __m256 w[4];
-    for (int u = 0; u < 4; ++u) w[u] = widen_int8(r + k + 8 * u);
-    for (int i = 0; i < MB; ++i) {
+    ATTNLAB_UNROLL for (int u = 0; u < 4; ++u) w[u] = widen_int8(r + k + 8 * u);
+    ATTNLAB_UNROLL for (int i = 0; i < MB; ++i) {
       const float* xr = x + (m0 + i) * K + k;
-      for (int u = 0; u < 4; ++u) acc[i][u] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8 * u), w[u], acc[i][u]);
+      ATTNLAB_UNROLL for (int u = 0; u < 4; ++u) acc[i][u] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8 * u), w[u], acc[i][u]);
     }
   }
   for (; k < K8; k += 8) {
     const __m256 w = widen_int8(r + k);
-    for (int i = 0; i < MB; ++i)
+    ATTNLAB_UNROLL for (int i = 0; i < MB; ++i)
       acc[i][0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (m0 + i) * K + k), w, acc[i][0]);
   }
-  for (int i = 0; i < MB; ++i) {
+  ATTNLAB_UNROLL for (int i = 0; i < MB; ++i) {
     float s = hsum(_mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]),
                                  _mm256_add_ps(acc[i][2], acc[i][3])));
     for (int64_t t = K8; t < K; ++t) s += x[(m0 + i) * K + t] * float(r[t]);
@@ -128,35 +128,35 @@ void int4_row(const float* xs, const float* xsum, int64_t K, int64_t g, const ui
   const __m256i low4 = _mm256_set1_epi32(0x0F);
   __m256 total[MB];
   float ztotal[MB];
-  for (int i = 0; i < MB; ++i) total[i] = _mm256_setzero_ps(), ztotal[i] = 0.f;
+  ATTNLAB_UNROLL for (int i = 0; i < MB; ++i) total[i] = _mm256_setzero_ps(), ztotal[i] = 0.f;
   for (int64_t gi = 0; gi < G; ++gi) {
     __m256 acc[MB][2 * U];
-    for (int i = 0; i < MB; ++i)
-      for (int u = 0; u < 2 * U; ++u) acc[i][u] = _mm256_setzero_ps();
+    ATTNLAB_UNROLL for (int i = 0; i < MB; ++i)
+      ATTNLAB_UNROLL for (int u = 0; u < 2 * U; ++u) acc[i][u] = _mm256_setzero_ps();
     for (int64_t k = gi * g; k < (gi + 1) * g; k += 16 * U) {
       prefetch(r + k / 2 + PREFETCH);
       __m256 w[2 * U];
-      for (int u = 0; u < U; ++u) {
+      ATTNLAB_UNROLL for (int u = 0; u < U; ++u) {
         const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + k / 2 + 8 * u));
         const __m256i v = _mm256_cvtepu8_epi32(b);
         w[2 * u] = _mm256_cvtepi32_ps(_mm256_and_si256(v, low4));
         w[2 * u + 1] = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
       }
-      for (int i = 0; i < MB; ++i) {
+      ATTNLAB_UNROLL for (int i = 0; i < MB; ++i) {
         const float* xr = xs + (m0 + i) * K + k;
-        for (int u = 0; u < 2 * U; ++u)
+        ATTNLAB_UNROLL for (int u = 0; u < 2 * U; ++u)
           acc[i][u] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8 * u), w[u], acc[i][u]);
       }
     }
     const __m256 sv = _mm256_set1_ps(scale[gi]);
-    for (int i = 0; i < MB; ++i) {
+    ATTNLAB_UNROLL for (int i = 0; i < MB; ++i) {
       __m256 part = acc[i][0];
-      for (int u = 1; u < 2 * U; ++u) part = _mm256_add_ps(part, acc[i][u]);
+      ATTNLAB_UNROLL for (int u = 1; u < 2 * U; ++u) part = _mm256_add_ps(part, acc[i][u]);
       total[i] = _mm256_fmadd_ps(sv, part, total[i]);
       ztotal[i] += (zero[gi] - 8.f * scale[gi]) * xsum[(m0 + i) * G + gi];
     }
   }
-  for (int i = 0; i < MB; ++i) y[(m0 + i) * N + n] = hsum(total[i]) + ztotal[i] + bias;
+  ATTNLAB_UNROLL for (int i = 0; i < MB; ++i) y[(m0 + i) * N + n] = hsum(total[i]) + ztotal[i] + bias;
 }
 
 // -- AVX-512 (where the CPU has it): 16 lanes per instruction, half the instructions ----------
@@ -177,8 +177,8 @@ ATTNLAB_AVX512 void int8_row512(const float* x, int64_t K, const int8_t* r, floa
                                 float bias, float* y, int64_t N, int64_t m0, int64_t n) {
   __m512 acc[MB][4];
   __m256 tail[MB];
-  for (int i = 0; i < MB; ++i) {
-    for (int u = 0; u < 4; ++u) acc[i][u] = _mm512_setzero_ps();
+  ATTNLAB_UNROLL for (int i = 0; i < MB; ++i) {
+    ATTNLAB_UNROLL for (int u = 0; u < 4; ++u) acc[i][u] = _mm512_setzero_ps();
     tail[i] = _mm256_setzero_ps();
   }
   const int64_t K64 = K & ~int64_t(63), K8 = K & ~int64_t(7);
@@ -186,22 +186,22 @@ ATTNLAB_AVX512 void int8_row512(const float* x, int64_t K, const int8_t* r, floa
   for (; k < K64; k += 64) {
     prefetch_l2(r + k + PREFETCH_INT8);
     __m512 w[4];
-    for (int u = 0; u < 4; ++u) {
+    ATTNLAB_UNROLL for (int u = 0; u < 4; ++u) {
       const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + k + 16 * u));
       w[u] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
     }
-    for (int i = 0; i < MB; ++i) {
+    ATTNLAB_UNROLL for (int i = 0; i < MB; ++i) {
       const float* xr = x + (m0 + i) * K + k;
-      for (int u = 0; u < 4; ++u)
+      ATTNLAB_UNROLL for (int u = 0; u < 4; ++u)
         acc[i][u] = _mm512_fmadd_ps(_mm512_loadu_ps(xr + 16 * u), w[u], acc[i][u]);
     }
   }
   for (; k < K8; k += 8) {
     const __m256 w = widen_int8(r + k);
-    for (int i = 0; i < MB; ++i)
+    ATTNLAB_UNROLL for (int i = 0; i < MB; ++i)
       tail[i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (m0 + i) * K + k), w, tail[i]);
   }
-  for (int i = 0; i < MB; ++i) {
+  ATTNLAB_UNROLL for (int i = 0; i < MB; ++i) {
     const __m512 a = _mm512_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]),
                                    _mm512_add_ps(acc[i][2], acc[i][3]));
     float s = _mm512_reduce_add_ps(a) + hsum(tail[i]);
@@ -230,11 +230,11 @@ ATTNLAB_AVX512 void int4_rows512(const float* xs, int64_t K, int64_t g, const ui
   const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
   const uint8_t* base = c + n0 * half;
   __m512 acc[MB][R][2];
-  for (int i = 0; i < MB; ++i)
-    for (int j = 0; j < R; ++j) acc[i][j][0] = acc[i][j][1] = _mm512_setzero_ps();
+  ATTNLAB_UNROLL for (int i = 0; i < MB; ++i)
+    ATTNLAB_UNROLL for (int j = 0; j < R; ++j) acc[i][j][0] = acc[i][j][1] = _mm512_setzero_ps();
   for (int64_t gi = 0; gi < G; ++gi) {
     __m512 table[R];
-    for (int j = 0; j < R; ++j) {
+    ATTNLAB_UNROLL for (int j = 0; j < R; ++j) {
       const int64_t at = (n0 + j) * G + gi;
       table[j] = _mm512_add_ps(_mm512_mul_ps(levels, _mm512_set1_ps(scale[at])),
                                _mm512_set1_ps(zero[at]));
@@ -242,24 +242,24 @@ ATTNLAB_AVX512 void int4_rows512(const float* xs, int64_t K, int64_t g, const ui
     for (int64_t o = 0; o < R * g / 2; o += 64) prefetch(base + gi * R * g / 2 + o + PREFETCH);
     for (int64_t k = gi * g; k < (gi + 1) * g; k += 32) {
       __m512 x0[MB], x1[MB];
-      for (int i = 0; i < MB; ++i) {
+      ATTNLAB_UNROLL for (int i = 0; i < MB; ++i) {
         x0[i] = _mm512_loadu_ps(xs + (m0 + i) * K + k);
         x1[i] = _mm512_loadu_ps(xs + (m0 + i) * K + k + 16);
       }
-      for (int j = 0; j < R; ++j) {
+      ATTNLAB_UNROLL for (int j = 0; j < R; ++j) {
         const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + j * half + k / 2));
         const __m512i v = _mm512_cvtepu8_epi32(b);
         const __m512 w0 = _mm512_permutexvar_ps(v, table[j]);
         const __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table[j]);
-        for (int i = 0; i < MB; ++i) {
+        ATTNLAB_UNROLL for (int i = 0; i < MB; ++i) {
           acc[i][j][0] = _mm512_fmadd_ps(x0[i], w0, acc[i][j][0]);
           acc[i][j][1] = _mm512_fmadd_ps(x1[i], w1, acc[i][j][1]);
         }
       }
     }
   }
-  for (int i = 0; i < MB; ++i)
-    for (int j = 0; j < R; ++j)
+  ATTNLAB_UNROLL for (int i = 0; i < MB; ++i)
+    ATTNLAB_UNROLL for (int j = 0; j < R; ++j)
       y[(m0 + i) * N + n0 + j] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][j][0], acc[i][j][1])) +
                                  (bias ? bias[n0 + j] : 0.f);
 }
