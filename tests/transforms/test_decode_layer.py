@@ -14,7 +14,7 @@ import torch
 import attnlab
 from attnlab import GPT
 from attnlab.inspect import hooked
-from attnlab.transforms import decode_layer, quantize
+from attnlab.transforms import quantize
 from attnlab.transforms import woq_kernels as wk
 from attnlab.transforms.decode_layer import active_plan
 from attnlab.transforms.decode_weights import decode_layout
@@ -107,16 +107,15 @@ def test_fused_step_equals_the_modules_bit_for_bit(
 
     with torch.inference_mode():
         expected, expected_tokens = _step_logits(model, ids, 6)  # the modules, sdpa
-        with decode_layout(model, rows=batch):
-            plans = [active_plan(layer) for layer in model.layers]
-            assert all(p is not None for p in plans)
-            with pytest.MonkeyPatch.context() as mp:
-                mp.setattr(torch.ops.attnlab_decode, "layer_step", counting)
-                # the plan's forward looked the operator up when it was made: count through it
-                for layer, plan in zip(model.layers, plans, strict=True):
-                    layer.__dict__["forward"] = decode_layer.fused_forward(layer, plan)  # type: ignore[arg-type]
+        # the fused forwards and stack look the operator up when made: patch it before
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(torch.ops.attnlab_decode, "layer_step", counting)
+            with decode_layout(model, rows=batch):
+                assert all(active_plan(layer) is not None for layer in model.layers)
+                assert "run_layers" in model.__dict__  # the whole stack back to back
                 got, tokens = _step_logits(model, ids, 6)
         assert all(active_plan(layer) is None for layer in model.layers)  # restored
+        assert "run_layers" not in model.__dict__
     assert calls == [p for p in range(5, 11) for _ in range(2)]  # 6 steps x 2 layers
     # the attention kernel sums in another order than sdpa: equal tokens, close logits
     assert torch.equal(tokens, expected_tokens)
@@ -295,3 +294,53 @@ def test_operator_refuses_bad_operands() -> None:
         step(x, plan.tensors[:-1], plan.config, plan.floats, k, v, 0)
     out = step(x, plan.tensors, plan.config, plan.floats, k, v, 0)
     assert out.shape == (1, 1, 64) and bool(k[:, :, 0].abs().sum() > 0)  # position 0 written
+
+
+def test_the_stack_runs_back_to_back_only_when_every_layer_would() -> None:
+    """GPT.run_layers inside decode_layout: the layers' fused steps back to back when every layer
+    would take its own, bit for bit the per-layer path; the class's loop (and so each layer's
+    own choice) when a layer has a hook, the steps carry a mask, or a layer has no plan."""
+    model = quantize(_gpt(n_layers=3), "int4", group_size=32)
+    ids = torch.randint(0, 50, (1, 4))
+    own: list[int] = []
+    loop = GPT.run_layers
+
+    def counting_loop(self: GPT, *args: Any, **kwargs: Any) -> torch.Tensor:
+        own.append(1)
+        return loop(self, *args, **kwargs)
+
+    def decode() -> torch.Tensor:
+        with torch.inference_mode():
+            return _step_logits(model, ids, 4)[0]
+
+    logits: dict[str, torch.Tensor] = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(GPT, "run_layers", counting_loop)
+        with decode_layout(model, rows=1):
+            logits["stack"] = decode()
+        assert len(own) == 1  # the prompt only: every one-token step ran as the stack
+        own.clear()
+        seen: list[int] = []
+        handle = model.layers[1].register_forward_hook(lambda m, a, out: seen.append(1))
+        with decode_layout(model, rows=1):
+            logits["per layer"] = decode()
+        handle.remove()
+        assert len(own) == 5 and len(seen) == 5  # the loop, so the layer's hook ran every step
+        own.clear()
+        assert _steps_taken(model, decode) == 12  # yet each layer still took its fused step
+        assert len(own) == 1
+        own.clear()
+        with decode_layout(model, rows=1):
+            model.layers[2].__dict__.pop("forward")  # a layer without its fused step
+            logits["one layer plain"] = decode()
+        assert len(own) == 5
+    assert torch.equal(logits["stack"], logits["per layer"])
+    torch.testing.assert_close(logits["one layer plain"], logits["stack"], atol=2e-5, rtol=0)
+    pair = torch.randint(0, 50, (2, 4))
+    mask = torch.tensor([[False, True, True, True], [True] * 4])  # left padding
+    own.clear()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(GPT, "run_layers", counting_loop)
+        padded = attnlab.generate(model, pair, max_new_tokens=3, eos_id=(), attention_mask=mask)
+    assert len(own) == 3  # a mask at every step: the loop each time
+    assert torch.equal(padded, _plain_generate(model, pair, 3, attention_mask=mask))

@@ -150,6 +150,24 @@ class GPT(nn.Module):
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         x = self.dropout(x)
+        x = self.run_layers(x, index=index, positions=pos, mask=mask, cache=cache)
+        return self.final_norm(x) if self.final_norm is not None else x
+
+    def run_layers(
+        self,
+        x: Tensor,
+        *,
+        index: Tensor,
+        positions: Tensor,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        """The decoder stack over embedded inputs ``x (B, T, E)`` -> ``(B, T, E)``, before the
+        final norm: ``index (T,)`` the new tokens' indices after the cache (ALiBi's distances),
+        ``positions`` ``(T,)`` or ``(B, T)`` their positions (RoPE), ``mask`` and ``cache`` as
+        :meth:`forward`. (Its own method so that a decode-time transform can stand in for the
+        whole stack: see ``attnlab.transforms.decode_layer``.)"""
+        T = x.shape[1]
         # ALiBi depends on distances only, so token indices serve (also for shifted positions).
         # A sliding-window cache returns only its window of keys: masks follow its key positions.
         masks: dict[int, Tensor | None] = {}
@@ -158,16 +176,16 @@ class GPT(nn.Module):
             start = layer_cache.key_start if layer_cache is not None else 0
             if start not in masks:
                 k_index = (  # (S,)
-                    layer_cache.key_positions(T, ids.device)
+                    layer_cache.key_positions(T, x.device)
                     if layer_cache is not None
-                    else torch.arange(T, device=ids.device)
+                    else torch.arange(T, device=x.device)
                 )
                 masks[start] = combine_masks(
                     as_attention_mask(mask[:, start:]) if mask is not None else None,
                     self.pos_encoding.score_bias(index, k_index),  # (H, T, S) or None
                 )
-            x = layer(x, mask=masks[start], is_causal=True, positions=pos, cache=layer_cache)
-        return self.final_norm(x) if self.final_norm is not None else x
+            x = layer(x, mask=masks[start], is_causal=True, positions=positions, cache=layer_cache)
+        return x
 
     def forward(
         self,

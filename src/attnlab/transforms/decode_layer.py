@@ -17,7 +17,9 @@ or gated), an ``sdpa`` self-attention (RoPE or none) whose q/k/v are joined in a
 int8/int4 layers run by attnlab's kernels. :func:`fused_forward` is the layer's ``forward`` while
 :func:`~attnlab.transforms.decode_weights.decode_layout` is active: a step it covers (one new
 token per sequence, no mask, autograd off, no hooks, a plain cache with room, no active dropout)
-runs as one call; anything else runs the modules as before.
+runs as one call; anything else runs the modules as before. :func:`fused_stack` is a GPT's
+``run_layers`` meanwhile: when every layer would take its fused step it checks them all first and
+then makes the calls back to back, with no Python between them (else the class's own loop).
 
 Shapes: x ``(B, 1, E)`` -> ``(B, 1, E)``; the cache ``(B, H_kv, L, D)`` gains position
 ``length``.
@@ -36,10 +38,11 @@ from torch.nn.modules import module as torch_module
 import attnlab.transforms.woq_kernels as wk
 from attnlab.layers.blocks import DecoderLayer
 from attnlab.layers.feedforward import GATED, FeedForward
-from attnlab.layers.kv_cache import LayerKVCache, positions_for
+from attnlab.layers.kv_cache import KVCache, LayerKVCache, positions_for
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.layers.norm import LayerNorm, RMSNorm
 from attnlab.layers.positional import RotaryEmbedding, check_positions
+from attnlab.models.gpt import GPT
 from attnlab.transforms.quant_modules import QuantizedLinear
 
 # the codes of csrc/decode_layer.cpp
@@ -222,13 +225,49 @@ class RotaryMemo:
         return self.value
 
 
+def _takes_step(layer: DecoderLayer, plan: LayerPlan, x: Tensor, cache: LayerKVCache) -> bool:
+    """Whether the fused step covers ``layer``'s next step on ``x`` (B, 1, E) with ``cache``
+    and no mask or cross-attention memory (the callers check those): one new token per
+    sequence, autograd off, a plain float32 CPU input, a cache with room, no active dropout, no
+    hooks, and the tensors the plan was made from still in place."""
+    return (
+        x.dim() == 3
+        and x.shape[1] == 1
+        and not torch.is_grad_enabled()
+        and cache.window is None
+        and cache.k is not None
+        and cache.v is not None
+        and cache.length < cache.k.shape[2]
+        and cache.k.shape[0] == x.shape[0]
+        and x.dtype == torch.float32
+        and x.is_cpu
+        and x.is_contiguous()
+        and (plan.dropout_free or not layer.training)
+        and _no_hooks(plan)
+        and plan.is_current()
+    )
+
+
+def _rope(
+    plan: LayerPlan, memo: RotaryMemo, positions: Tensor | None, x: Tensor, cache: LayerKVCache
+) -> tuple[Tensor | None, Tensor | None]:
+    """The (cos, sin) the step's RoPE takes for ``positions`` (default: after the cache), or
+    ``(None, None)`` for a layer without RoPE."""
+    if plan.rotary is None:
+        return None, None
+    if positions is None:
+        positions = positions_for(1, cache, x.device)
+    check_positions(positions, x, 1)
+    return memo.cos_sin(plan.rotary, positions)
+
+
 def fused_forward(
     layer: DecoderLayer, plan: LayerPlan, memo: RotaryMemo | None = None
 ) -> Callable[..., Tensor]:
     """``layer.forward`` that runs a step the plan covers as one call (see the module doc);
     ``memo``: shared by the layers of one model (a RoPE model's cos and sin made once a step)."""
     step = torch.ops.attnlab_decode.layer_step
-    rotary, rope = plan.rotary, memo or RotaryMemo()
+    rope = memo or RotaryMemo()
 
     def forward(
         x: Tensor,
@@ -243,27 +282,9 @@ def fused_forward(
             memory is None
             and mask is None
             and cache is not None
-            and x.dim() == 3
-            and x.shape[1] == 1
-            and not torch.is_grad_enabled()
-            and cache.window is None
-            and cache.k is not None
-            and cache.v is not None
-            and cache.length < cache.k.shape[2]
-            and cache.k.shape[0] == x.shape[0]
-            and x.dtype == torch.float32
-            and x.is_cpu
-            and x.is_contiguous()
-            and (plan.dropout_free or not layer.training)
-            and _no_hooks(plan)
-            and plan.is_current()
+            and _takes_step(layer, plan, x, cache)
         ):
-            cos = sin = None
-            if rotary is not None:
-                if positions is None:
-                    positions = positions_for(1, cache, x.device)
-                check_positions(positions, x, 1)
-                cos, sin = rope.cos_sin(rotary, positions)
+            cos, sin = _rope(plan, rope, positions, x, cache)
             y = step(
                 x, plan.tensors, plan.config, plan.floats, cache.k, cache.v, cache.length, cos, sin
             )
@@ -277,10 +298,72 @@ def fused_forward(
     return forward
 
 
+def fused_stack(model: GPT, memo: RotaryMemo) -> Callable[..., Tensor]:
+    """``model.run_layers`` (a GPT's decoder stack) that, when every layer would take its fused
+    step (:func:`fused_forward` installed, the same checks, no hooks on the layers themselves,
+    no mask and no ALiBi bias), runs the layers' steps back to back; otherwise the class's own
+    loop over the layers.
+
+    Why: a token's Python between two layer calls (the module call, the layer's checks) ran
+    about 75 us on issue 27's 2-core Xeon, five times its cost in isolation, because each layer
+    streams megabytes of weights through the caches and the interpreter's own code and data
+    must come back after it. Checking all the layers first and then calling the steps with
+    nothing in between took a GPT-2-small int4 token's stack from 7.8 to 5.7 ms (ad-hoc
+    script, 2026-12-06).
+    """
+    step = torch.ops.attnlab_decode.layer_step
+    own = type(model).run_layers
+
+    def run_layers(
+        x: Tensor,
+        *,
+        index: Tensor,
+        positions: Tensor,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        layers = model.layers
+        if mask is None and cache is not None and len(layers):
+            plans, caches = [], []
+            for i, layer in enumerate(layers):
+                plan = active_plan(layer)
+                layer_cache = cache.layer(i)[0]
+                if (
+                    plan is None
+                    or layer._forward_hooks
+                    or layer._forward_pre_hooks
+                    or not _takes_step(cast(DecoderLayer, layer), plan, x, layer_cache)
+                ):
+                    break
+                plans.append(plan)
+                caches.append(layer_cache)
+            else:
+                k_index = caches[0].key_positions(x.shape[1], x.device)  # (S,)
+                if model.pos_encoding.score_bias(index, k_index) is None:
+                    for plan, layer_cache in zip(plans, caches, strict=True):
+                        cos, sin = _rope(plan, memo, positions, x, layer_cache)
+                        x = step(
+                            x,
+                            plan.tensors,
+                            plan.config,
+                            plan.floats,
+                            layer_cache.k,
+                            layer_cache.v,
+                            layer_cache.length,
+                            cos,
+                            sin,
+                        )
+                        layer_cache.length += 1
+                    return x
+        return own(model, x, index=index, positions=positions, mask=mask, cache=cache)
+
+    return run_layers
+
+
 def active_plan(layer: nn.Module) -> LayerPlan | None:
     """The plan ``layer`` decodes with inside ``decode_layout``, or ``None``."""
     plan = getattr(layer.__dict__.get("forward"), "plan", None)
     return plan if isinstance(plan, LayerPlan) else None
 
 
-__all__ = ["LayerPlan", "RotaryMemo", "active_plan", "fused_forward", "layer_plan"]
+__all__ = ["LayerPlan", "RotaryMemo", "active_plan", "fused_forward", "fused_stack", "layer_plan"]

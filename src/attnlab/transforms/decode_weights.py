@@ -77,7 +77,8 @@ from attnlab.layers.attention_backends import sdpa_attention
 from attnlab.layers.blocks import DecoderLayer
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.models import build_model
-from attnlab.transforms.decode_layer import RotaryMemo, fused_forward, layer_plan
+from attnlab.models.gpt import GPT
+from attnlab.transforms.decode_layer import RotaryMemo, fused_forward, fused_stack, layer_plan
 from attnlab.transforms.quant_modules import QuantizedLinear, stack_quantized, stackable
 
 
@@ -410,11 +411,17 @@ def decode_layout(model: nn.Module, rows: int) -> Iterator[None]:
                 backends.append((mha, mha.backend))
                 mha.backend = _decode_attention(mha.backend)
             memo = RotaryMemo()  # a RoPE model's cos and sin, made once a step
+            fused = 0
             for layer in _layers_of(model, kernel_attention):
                 plan = layer_plan(layer, stacks[layer.self_attn])
                 if plan is not None:  # one call per layer and token (decode_layer.py)
                     _patch(layer, "forward", fused_forward(layer, plan, memo))
                     patched.append((layer, "forward"))
+                    fused += 1
+            if fused and isinstance(model, GPT):
+                # a GPT's layers back to back when all of them take their fused step
+                _patch(model, "run_layers", fused_stack(model, memo))
+                patched.append((model, "run_layers"))
         yield
     finally:
         for module, name in patched:
