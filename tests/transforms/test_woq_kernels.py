@@ -27,7 +27,7 @@ def _bound(x: Tensor, w: Tensor) -> Tensor:
     return x.abs() @ w.abs().T  # (M, N)
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 9])
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 9])
 @pytest.mark.parametrize(("n", "k"), [(1, 1), (7, 13), (9, 8), (130, 64), (300, 771), (20, 200)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_int8_kernel_equals_reference(m: int, n: int, k: int, bias: bool) -> None:
@@ -42,7 +42,7 @@ def test_int8_kernel_equals_reference(m: int, n: int, k: int, bias: bool) -> Non
         assert bool(((out - ref).abs() <= 1e-5 * _bound(x, w) + 1e-6).all())
 
 
-@pytest.mark.parametrize("m", [1, 2, 5])
+@pytest.mark.parametrize("m", [1, 2, 5, 7, 8])
 @pytest.mark.parametrize(
     ("n", "k", "group"), [(1, 16, 16), (5, 96, 48), (67, 256, 128), (130, 3072, 64)]
 )
