@@ -34,6 +34,8 @@
 
 namespace {
 
+using attnlab::exp_nonpositive;
+
 inline float hsum8(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v);
   __m128 hi = _mm256_extractf128_ps(v, 1);
@@ -41,35 +43,6 @@ inline float hsum8(__m256 v) {
   lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
   lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
   return _mm_cvtss_f32(lo);
-}
-
-// exp(x) for x <= 0 (scores minus their maximum), 8 lanes: x = n ln2 + f with |f| <= ln2 / 2,
-// exp(f) by its degree-6 Taylor polynomial (relative error below 2e-7 there), times 2^n built in
-// the exponent bits. Below -87 the result is flushed to 0 (exp(-87) is 1.6e-38: a weight that
-// small cannot move a float32 sum whose largest term is exp(0) = 1).
-inline __m256 exp_nonpositive(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.0f);
-  const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
-  x = _mm256_max_ps(x, lo);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 f = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln2 in two parts
-  f = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), f);
-  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 120.0f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 24.0f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 6.0f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
-}
-
-inline float exp_nonpositive(float x) {  // the same function, one lane (the tails)
-  float in[8] = {x, 0, 0, 0, 0, 0, 0, 0}, out[8];
-  _mm256_storeu_ps(out, exp_nonpositive(_mm256_loadu_ps(in)));
-  return out[0];
 }
 
 inline float dot(const float* a, const float* b, int64_t D) {
@@ -85,10 +58,6 @@ inline float dot(const float* a, const float* b, int64_t D) {
   for (; d < D; ++d) s += a[d] * b[d];
   return s;
 }
-
-struct Strides {
-  int64_t b, h, s;
-};
 
 // 8 vectors -> one vector of their 8 horizontal sums (lane j = sum of a[j]).
 inline __m256 hsum_8x8(const __m256* a) {
@@ -214,6 +183,26 @@ HeadFn pick(int64_t D, int64_t Dv) {
 
 namespace attnlab {
 
+void decode_attention_into(const AttentionOperand& q, const AttentionOperand& k,
+                           const AttentionOperand& v, int64_t B, int64_t H, int64_t Hkv, int64_t S,
+                           int64_t D, int64_t Dv, double scale, float* op) {
+  const int64_t r = H / Hkv;
+  const float sc = static_cast<float>(scale);
+  // heads per task: about 32 K multiply-adds each, so that a cache of more than a few dozen
+  // positions is read by both threads (inside a decoding step the cache comes from memory, not
+  // from cache: GPT-2 small at 151 positions, 12 layers: 1.44 ms per token on one thread)
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / (S * (D + Dv) + 1));
+  const HeadFn head = pick(D, Dv);
+  at::parallel_for(0, B * H, grain, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scratch(static_cast<size_t>(std::max<int64_t>(S, 1)));
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / H, h = i % H, hk = h / r;
+      head(q.data + b * q.sb + h * q.sh, k.data + b * k.sb + hk * k.sh,
+           v.data + b * v.sb + hk * v.sh, k.ss, v.ss, S, D, Dv, sc, scratch.data(), op + i * Dv);
+    }
+  });
+}
+
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             double scale) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
@@ -234,27 +223,10 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
               "decode_attention: the last dimension of q, k and v must be contiguous");
   at::Tensor out = at::empty({B, H, 1, Dv}, q.options());
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const Strides qs{q.stride(0), q.stride(1), 0}, kst{k.stride(0), k.stride(1), k.stride(2)},
-      vst{v.stride(0), v.stride(1), v.stride(2)};
-  const int64_t r = H / Hkv;
-  const float sc = static_cast<float>(scale);
-  // heads per task: about 32 K multiply-adds each, so that a cache of more than a few dozen
-  // positions is read by both threads (inside a decoding step the cache comes from memory, not
-  // from cache: GPT-2 small at 151 positions, 12 layers: 1.44 ms per token on one thread)
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / (S * (D + Dv) + 1));
-  const HeadFn head = pick(D, Dv);
-  at::parallel_for(0, B * H, grain, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scratch(static_cast<size_t>(std::max<int64_t>(S, 1)));
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / H, h = i % H, hk = h / r;
-      head(qp + b * qs.b + h * qs.h, kp + b * kst.b + hk * kst.h, vp + b * vst.b + hk * vst.h,
-               kst.s, vst.s, S, D, Dv, sc, scratch.data(), op + i * Dv);
-    }
-  });
+  decode_attention_into({q.data_ptr<float>(), q.stride(0), q.stride(1), 0},
+                        {k.data_ptr<float>(), k.stride(0), k.stride(1), k.stride(2)},
+                        {v.data_ptr<float>(), v.stride(0), v.stride(1), v.stride(2)}, B, H, Hkv,
+                        S, D, Dv, scale, out.data_ptr<float>());
   return out;
 }
 

@@ -25,10 +25,19 @@
 // projection an int8 or int4 layer run by attnlab's kernels (q/k/v joined into one), LayerNorm
 // or RMSNorm, and relu / gelu / gelu_tanh / silu (plain or gated).
 
+// The stub of ATen's LayerNorm kernel declares its per-instruction-set kernels only where these
+// are defined (they are for the x86 builds of torch; nothing else in ATen's headers reads them).
+#define HAVE_AVX512_CPU_DEFINITION
+#define HAVE_AVX2_CPU_DEFINITION
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/native/Activation.h>
+#include <ATen/native/layer_norm.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "decode_ops.h"
@@ -45,43 +54,237 @@ enum Linear : int64_t { QKV, OUT, UP, GATE, DOWN, N_LINEARS };
 // Layout of the `tensors` list: norm 1 (weight, bias), norm 2 (weight, bias), then per linear
 // (codes, scales, zeros, bias) in the order of `Linear`.
 constexpr int64_t NORM1 = 0, NORM2 = 2, FIRST_LINEAR = 4;
+enum Activation : int64_t { RELU, GELU, GELU_TANH, SILU };
 
 using Opt = c10::optional<at::Tensor>;
 
+// One int8 or int4 layer as raw pointers, checked against the input width K it is applied to.
 struct QLinear {
-  int64_t bits = 0, group = 0;
-  at::Tensor codes, scales, zeros;
-  Opt bias;
+  int64_t bits = 0, group = 0, N = 0, K = 0;
+  const void* codes = nullptr;
+  const float *scales = nullptr, *zeros = nullptr, *bias = nullptr;
 };
 
-QLinear linear(const c10::List<Opt>& t, const std::vector<int64_t>& config, int64_t which) {
+bool float_vector(const at::Tensor& t, int64_t n) {
+  return t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == n && t.device().is_cpu();
+}
+
+QLinear linear(const c10::List<Opt>& t, const std::vector<int64_t>& config, int64_t which,
+               int64_t K) {
   QLinear l;
   l.bits = config[LINEARS + 2 * which];
   l.group = config[LINEARS + 2 * which + 1];
+  l.K = K;
   const int64_t at = FIRST_LINEAR + 4 * which;
-  const Opt codes = t.get(at), scales = t.get(at + 1), zeros = t.get(at + 2);
+  const Opt codes = t.get(at), scales = t.get(at + 1), zeros = t.get(at + 2), bias = t.get(at + 3);
   TORCH_CHECK(codes.has_value() && scales.has_value(), "decode_layer: linear ", which,
               " has no codes or scales");
-  l.codes = *codes;
-  l.scales = *scales;
-  if (zeros.has_value()) l.zeros = *zeros;
-  l.bias = t.get(at + 3);
-  TORCH_CHECK(l.bits == 8 || (l.bits == 4 && l.zeros.defined()), "decode_layer: linear ", which,
+  TORCH_CHECK(l.bits == 8 || (l.bits == 4 && zeros.has_value()), "decode_layer: linear ", which,
               " must be int8, or int4 with zeros; got bits ", l.bits);
+  const at::Tensor& c = *codes;
+  TORCH_CHECK(c.dim() == 2 && c.is_contiguous() && c.device().is_cpu(), "decode_layer: linear ",
+              which, "'s codes must be a contiguous 2-d CPU tensor");
+  l.N = c.size(0);
+  if (l.bits == 8) {
+    TORCH_CHECK(c.scalar_type() == at::kChar && c.size(1) == K && float_vector(*scales, l.N),
+                "decode_layer: linear ", which, " must be int8 codes (N, ", K,
+                ") and float32 scales (N,); got codes ", c.sizes());
+  } else {
+    TORCH_CHECK(l.group > 0 && l.group % 16 == 0 && K % l.group == 0, "decode_layer: linear ",
+                which, "'s group size ", l.group, " must be a multiple of 16 dividing ", K);
+    const int64_t G = K / l.group;
+    TORCH_CHECK(c.scalar_type() == at::kByte && c.size(1) == K / 2 &&
+                    float_vector(*scales, l.N * G) && float_vector(*zeros, l.N * G),
+                "decode_layer: linear ", which, " must be int4 codes (N, ", K / 2,
+                ") uint8 with float32 scales and zeros (N, ", G, "); got codes ", c.sizes());
+    l.zeros = zeros->data_ptr<float>();
+  }
+  l.codes = c.data_ptr();
+  l.scales = scales->data_ptr<float>();
+  if (bias.has_value()) {
+    TORCH_CHECK(float_vector(*bias, l.N), "decode_layer: linear ", which,
+                "'s bias must be a contiguous float32 (", l.N, ",) tensor");
+    l.bias = bias->data_ptr<float>();
+  }
   return l;
 }
 
-at::Tensor apply(const QLinear& l, const at::Tensor& x) {  // x (M, K) -> (M, N)
-  if (l.bits == 8) return attnlab::int8_linear(x, l.codes, l.scales, l.bias, 0);
-  return attnlab::int4_linear(x, l.codes, l.scales, l.zeros, l.group, l.bias, 0);
+// y (M, N) = x (M, K) through the layer
+void apply(const QLinear& l, const float* x, int64_t M, float* y) {
+  if (l.bits == 8)
+    attnlab::int8_linear_into(x, M, l.K, static_cast<const int8_t*>(l.codes), l.scales, l.bias,
+                              l.N, y, 0);
+  else
+    attnlab::int4_linear_into(x, M, l.K, static_cast<const uint8_t*>(l.codes), l.scales, l.zeros,
+                              l.group, l.bias, l.N, y, 0);
 }
 
-// attnlab.layers.norm: LayerNorm is F.layer_norm; RMSNorm is x * rsqrt(mean(x^2) + eps) * w
-// (float32 inputs: its .float() and .to() are no-ops).
-at::Tensor norm(const at::Tensor& x, int64_t kind, const Opt& w, const Opt& b, double eps) {
-  const int64_t E = x.size(-1);
-  if (kind == 0) return at::layer_norm(x, {E}, w, b, eps);
-  return x * at::rsqrt(x.pow(2).mean(-1, true) + eps) * *w;
+// The rows a step works in, kept from call to call (one set per calling thread): a decoding
+// step allocates only the tensor it returns. Why: inside a step every small ATen call (a norm,
+// an add, an allocation, a view) runs with its code and data evicted by the megabytes of
+// weights streamed before it; measured on issue 27's 2-core Xeon after an 8 MB sweep,
+// at::layer_norm of 768 floats took 29 us, at::gelu of 3072 floats 72 us, an at::empty 15 us.
+struct Workspace {
+  at::Tensor h, p, a, o, y, f, up, gate, down, mean, rstd;
+};
+thread_local Workspace workspace;
+
+// t as a (B, n) float32 buffer. The ATen calls that write into the workspace run in inference
+// mode (allowed on its tensors whichever mode made them, and on the caller's normal tensors).
+float* rows(at::Tensor& t, int64_t B, int64_t n) {
+  if (!t.defined() || t.size(0) != B || t.size(1) != n) t = at::empty({B, n}, at::kFloat);
+  return t.data_ptr<float>();
+}
+
+// ATen's own CPU LayerNorm kernel, for the instruction set ATen itself picks on this CPU (as
+// its dispatch stub does: AVX-512 where registered, else AVX2), called without the dispatcher
+// or an allocation: bit for bit at::layer_norm. nullptr where there is none (at::layer_norm).
+using NormKernel = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                            int64_t, double, at::Tensor*, at::Tensor*, at::Tensor*);
+NormKernel layer_norm_kernel() {
+  static const NormKernel kernel = []() -> NormKernel {
+    using Stub = decltype(at::native::LayerNormKernel);
+    const std::string cap = at::get_cpu_capability();
+    if (cap == "AVX512") return Stub::AVX512 != nullptr ? Stub::AVX512 : Stub::AVX2;
+    if (cap == "AVX2") return Stub::AVX2;
+    return nullptr;
+  }();
+  return kernel;
+}
+
+// out (B, E) = norm(x) for x (B, E) contiguous (any view of it with that layout). LayerNorm as
+// attnlab.layers.norm runs it (F.layer_norm); RMSNorm is x * rsqrt(mean(x^2) + eps) * w.
+void norm_into(const at::Tensor& x, int64_t B, int64_t E, int64_t kind, const Opt& w,
+               const Opt& b, double eps, at::Tensor& out) {
+  Workspace& ws = workspace;
+  if (kind == 0) {
+    const NormKernel k = layer_norm_kernel();
+    const bool plain = (!w.has_value() || float_vector(*w, E)) && (!b.has_value() || float_vector(*b, E));
+    if (k != nullptr && plain) {
+      rows(ws.mean, B, 1);
+      rows(ws.rstd, B, 1);
+      k(x, w.has_value() ? *w : at::Tensor(), b.has_value() ? *b : at::Tensor(), B, E, eps, &out,
+        &ws.mean, &ws.rstd);
+      return;
+    }
+    c10::InferenceMode guard;
+    out.view({B, E}).copy_(at::layer_norm(x.view({B, E}), {E}, w, b, eps));
+    return;
+  }
+  c10::InferenceMode guard;
+  const at::Tensor v = x.view({B, E});
+  out.view({B, E}).copy_(v * at::rsqrt(v.pow(2).mean(-1, true) + eps) * *w);
+}
+
+void add_into(const float* a, const float* b, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+// GELU(x) = x/2 (1 + erf(x/sqrt 2)), in place, 8 lanes. erf(|z|) = 1 - t P(t) exp(-z^2) with
+// t = 1 / (1 + p|z|) (Abramowitz and Stegun 7.1.26, absolute error below 1.5e-7); for z < 0,
+// 1 + erf(z) is formed as t P(t) exp(-z^2) directly (no cancellation). Against float64 GELU on
+// 10^7 normal draws (x 3) the largest absolute error is below 1e-6, about what F.gelu's own
+// (oneDNN's) has; the two differ in the last bits, so a GELU layer's step is not bit for bit its
+// modules' (tests/transforms/test_decode_layer.py holds it to 1e-5).
+void gelu_inplace(float* x, int64_t n) {
+  const __m256 c = _mm256_set1_ps(0.70710678118654752f), p = _mm256_set1_ps(0.3275911f);
+  const __m256 a1 = _mm256_set1_ps(0.254829592f), a2 = _mm256_set1_ps(-0.284496736f);
+  const __m256 a3 = _mm256_set1_ps(1.421413741f), a4 = _mm256_set1_ps(-1.453152027f);
+  const __m256 a5 = _mm256_set1_ps(1.061405429f), one = _mm256_set1_ps(1.f);
+  const __m256 two = _mm256_set1_ps(2.f), half = _mm256_set1_ps(0.5f);
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  auto eight = [&](__m256 v) {
+    const __m256 z = _mm256_mul_ps(v, c);
+    const __m256 az = _mm256_andnot_ps(sign, z);
+    const __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(p, az, one));
+    __m256 q = _mm256_fmadd_ps(a5, t, a4);
+    q = _mm256_fmadd_ps(q, t, a3);
+    q = _mm256_fmadd_ps(q, t, a2);
+    q = _mm256_fmadd_ps(q, t, a1);
+    const __m256 e = attnlab::exp_nonpositive(_mm256_xor_ps(sign, _mm256_mul_ps(z, z)));
+    const __m256 tail = _mm256_mul_ps(_mm256_mul_ps(q, t), e);  // 1 - erf(|z|)
+    const __m256 neg = _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ);
+    const __m256 onep = _mm256_blendv_ps(_mm256_sub_ps(two, tail), tail, neg);  // 1 + erf(z)
+    return _mm256_mul_ps(_mm256_mul_ps(v, half), onep);
+  };
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, eight(_mm256_loadu_ps(x + i)));
+  if (i < n) {
+    float buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::memcpy(buf, x + i, sizeof(float) * static_cast<size_t>(n - i));
+    _mm256_storeu_ps(buf, eight(_mm256_loadu_ps(buf)));
+    std::memcpy(x + i, buf, sizeof(float) * static_cast<size_t>(n - i));
+  }
+}
+
+// GELU's tanh form, 0.5 x (1 + tanh(b (x + k x^3))), as ATen's vectorized CPU kernel computes it
+// (the same operations in the same order, with the same SLEEF tanh that torch ships; torch's
+// build contracts x + k x^3 into one fused multiply-add), so bit for bit at::gelu(x, "tanh")
+// (tests/transforms/test_decode_layer.py holds it to torch.equal) wherever ATen's kernel takes its vector path for every element: its
+// instruction set's loop handles 2 vectors at a time and leaves the rest of each thread's chunk
+// to a scalar tanh (gelu_tanh_inplace checks that there is no such rest).
+extern "C" __m256 Sleef_tanhf8_u10(__m256);
+constexpr float kGeluBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5);
+constexpr float kGeluKappa = static_cast<float>(0.044715);
+
+void gelu_tanh8(float* x, int64_t n) {
+  const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.f);
+  const __m256 beta = _mm256_set1_ps(kGeluBeta), kappa = _mm256_set1_ps(kGeluKappa);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(v, v), v);
+    const __m256 inner = _mm256_mul_ps(beta, _mm256_fmadd_ps(kappa, cube, v));
+    const __m256 t = Sleef_tanhf8_u10(inner);
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_mul_ps(half, v), _mm256_add_ps(one, t)));
+  }
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+extern "C" __m512 Sleef_tanhf16_u10(__m512);
+void gelu_tanh16(float* x, int64_t n) {
+  const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.f);
+  const __m512 beta = _mm512_set1_ps(kGeluBeta), kappa = _mm512_set1_ps(kGeluKappa);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    const __m512 cube = _mm512_mul_ps(_mm512_mul_ps(v, v), v);
+    const __m512 inner = _mm512_mul_ps(beta, _mm512_fmadd_ps(kappa, cube, v));
+    const __m512 t = Sleef_tanhf16_u10(inner);
+    _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_mul_ps(half, v), _mm512_add_ps(one, t)));
+  }
+}
+#pragma GCC pop_options
+
+// The vector width (floats) of ATen's GELU kernel on this CPU (as its dispatch stub picks it:
+// AVX-512 where registered, else AVX2), 0 where it has neither.
+int64_t gelu_lanes() {
+  static const int64_t lanes = []() -> int64_t {
+    using Stub = decltype(at::native::GeluKernel);
+    const std::string cap = at::get_cpu_capability();
+    if (cap == "AVX512" && Stub::AVX512 != nullptr) return 16;
+    if ((cap == "AVX512" || cap == "AVX2") && Stub::AVX2 != nullptr) return 8;
+    return 0;
+  }();
+  return lanes;
+}
+
+void gelu_tanh_inplace(at::Tensor& t, float* x, int64_t n) {
+  // ATen's kernel runs n < 16385 elements as one chunk, more as one chunk per thread
+  const int64_t lanes = gelu_lanes(), step = 2 * lanes, threads = at::get_num_threads();
+  const bool whole = lanes > 0 && n % step == 0 && (n <= 16384 || n % (step * threads) == 0);
+  if (whole && lanes == 16) return gelu_tanh16(x, n);
+  if (whole) return gelu_tanh8(x, n);
+  c10::InferenceMode guard;
+  at::gelu_(t, "tanh");
+}
+
+// attnlab.layers.feedforward.ACTIVATIONS, in place on a workspace row block
+void activate(at::Tensor& t, float* data, int64_t n, int64_t kind) {
+  if (kind == GELU) return gelu_inplace(data, n);
+  if (kind == GELU_TANH) return gelu_tanh_inplace(t, data, n);
+  c10::InferenceMode guard;
+  if (kind == RELU) at::relu_(t);
+  else at::silu_(t);
 }
 
 // attnlab.layers.positional.RotaryEmbedding.rotate of x (B, H, 1, D) with the step's cos and
@@ -98,29 +301,13 @@ at::Tensor rotate(const at::Tensor& x, int64_t layout, const at::Tensor& cos,
   return at::stack({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1).flatten(-2);
 }
 
-// cache[b, h, length, :] = k[b, h, 0, :] for a (B, H_kv, 1, D) tensor of any strides.
-void write_rotated(const at::Tensor& cache, const at::Tensor& k, int64_t length) {
-  cache.narrow(2, length, 1).copy_(k);
-}
-
-// attnlab.layers.feedforward.ACTIVATIONS
-at::Tensor activate(const at::Tensor& x, int64_t kind) {
-  switch (kind) {
-    case 0: return at::relu(x);
-    case 1: return at::gelu(x);
-    case 2: return at::gelu(x, "tanh");
-    default: return at::silu(x);
-  }
-}
-
 // cache[b, h, length, :] = p[b, offset + h D : offset + (h + 1) D] for every sequence b and
 // head h (a plain copy of D floats each; ATen's strided copy costs more than the bytes here).
-void write_position(const at::Tensor& cache, const at::Tensor& p, int64_t offset, int64_t Hkv,
-                    int64_t D, int64_t length) {
+void write_position(const at::Tensor& cache, const float* src, int64_t row, int64_t offset,
+                    int64_t Hkv, int64_t D, int64_t length) {
   float* dst = cache.data_ptr<float>();
-  const float* src = p.data_ptr<float>();
   const int64_t B = cache.size(0), sb = cache.stride(0), sh = cache.stride(1),
-                ss = cache.stride(2), row = p.size(1);
+                ss = cache.stride(2);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < Hkv; ++h)
       std::memcpy(dst + b * sb + h * sh + length * ss, src + b * row + offset + h * D,
@@ -140,53 +327,105 @@ at::Tensor layer_step(const at::Tensor& x, const c10::List<Opt>& tensors,
               "decode_layer: malformed layer description");
   const int64_t B = x.size(0), E = x.size(2);
   const int64_t H = config[HEADS], Hkv = config[KV_HEADS], D = config[HEAD_DIM];
+  TORCH_CHECK(H > 0 && Hkv > 0 && D > 0 && H % Hkv == 0, "decode_layer: H = ", H, ", H_kv = ",
+              Hkv, ", D = ", D, ": expected positive sizes with H a multiple of H_kv");
   TORCH_CHECK(cache_k.dim() == 4 && cache_v.dim() == 4 && cache_k.size(0) == B &&
                   cache_k.size(1) == Hkv && cache_k.size(3) == D && cache_v.size(0) == B &&
                   cache_v.size(1) == Hkv && cache_v.size(3) == D &&
                   cache_k.size(2) == cache_v.size(2),
               "decode_layer: caches must be (B, H_kv, L, D) for this layer");
   TORCH_CHECK(cache_k.scalar_type() == at::kFloat && cache_v.scalar_type() == at::kFloat &&
-                  cache_k.stride(3) == 1 && cache_v.stride(3) == 1,
-              "decode_layer: caches must be float32 with a contiguous last dimension");
+                  cache_k.stride(3) == 1 && cache_v.stride(3) == 1 && cache_k.device().is_cpu() &&
+                  cache_v.device().is_cpu(),
+              "decode_layer: caches must be float32 CPU tensors with a contiguous last dimension");
   TORCH_CHECK(length >= 0 && length < cache_k.size(2), "decode_layer: cache position ", length,
               " outside its ", cache_k.size(2), " slots");
   const bool pre = config[PRE_NORM] != 0, gated = config[GATED] != 0;
-  const int64_t kind = config[NORM_KIND];
+  const int64_t kind = config[NORM_KIND], P = (H + 2 * Hkv) * D;
   const Opt w1 = tensors.get(NORM1), b1 = tensors.get(NORM1 + 1);
   const Opt w2 = tensors.get(NORM2), b2 = tensors.get(NORM2 + 1);
-  const QLinear qkv = linear(tensors, config, QKV), out = linear(tensors, config, OUT);
-  const QLinear up = linear(tensors, config, UP), down = linear(tensors, config, DOWN);
+  TORCH_CHECK(kind == 0 || (w1.has_value() && w2.has_value()),
+              "decode_layer: RMSNorm needs its weights");
+  const QLinear qkv = linear(tensors, config, QKV, E), out = linear(tensors, config, OUT, H * D);
+  const QLinear up = linear(tensors, config, UP, E);
+  const QLinear gate = gated ? linear(tensors, config, GATE, E) : QLinear{};
+  const QLinear down = linear(tensors, config, DOWN, up.N);
+  const int64_t F = up.N;
+  TORCH_CHECK(qkv.N == P && out.N == E && down.N == E && (!gated || gate.N == F),
+              "decode_layer: projections of the wrong sizes: q/k/v ", qkv.N, " (expected ", P,
+              "), out ", out.N, ", down ", down.N, " (expected ", E, ")");
+  Workspace& ws = workspace;
+  const float* xp = x.data_ptr<float>();
+  at::Tensor result = at::empty({B, 1, E}, x.options());
+  float* rp = result.data_ptr<float>();
 
-  // self-attention sublayer
-  const at::Tensor h = pre ? norm(x, kind, w1, b1, floats[0]) : x;  // (B, 1, E)
-  const at::Tensor p = apply(qkv, h.view({B, E}));                     // (B, (H + 2 H_kv) D)
-  at::Tensor q = p.narrow(1, 0, H * D).view({B, 1, H, D}).transpose(1, 2);  // (B, H, 1, D)
+  // self-attention sublayer: a = Attn(pre ? Norm1(x) : x)
+  const float* h = xp;
+  if (pre) {
+    rows(ws.h, B, E);
+    norm_into(x, B, E, kind, w1, b1, floats[0], ws.h);
+    h = ws.h.data_ptr<float>();
+  }
+  float* pp = rows(ws.p, B, P);
+  apply(qkv, h, B, pp);  // (B, (H + 2 H_kv) D)
+  attnlab::AttentionOperand q{pp, P, D, 0};
+  at::Tensor q_rotated;
   if (config[ROTARY] != 0) {
     TORCH_CHECK(cos.has_value() && sin.has_value(), "decode_layer: rotary layer without cos/sin");
+    const at::Tensor p = ws.p;
+    const at::Tensor qv = p.narrow(1, 0, H * D).view({B, 1, H, D}).transpose(1, 2);
     const at::Tensor k = p.narrow(1, H * D, Hkv * D).view({B, 1, Hkv, D}).transpose(1, 2);
-    q = rotate(q, config[ROTARY], *cos, *sin);
-    write_rotated(cache_k, rotate(k, config[ROTARY], *cos, *sin), length);
+    q_rotated = rotate(qv, config[ROTARY], *cos, *sin).contiguous();  // (B, H, 1, D)
+    cache_k.narrow(2, length, 1).copy_(rotate(k, config[ROTARY], *cos, *sin));
+    q = {q_rotated.data_ptr<float>(), H * D, D, 0};
   } else {
-    write_position(cache_k, p, (H * D), Hkv, D, length);
+    write_position(cache_k, pp, P, H * D, Hkv, D, length);
   }
-  write_position(cache_v, p, (H + Hkv) * D, Hkv, D, length);
-  const at::Tensor a = attnlab::decode_attention(q, cache_k.narrow(2, 0, length + 1),
-                                                 cache_v.narrow(2, 0, length + 1), floats[2]);
-  const at::Tensor o = apply(out, a.view({B, H * D})).view({B, 1, E});  // (B, 1, E)
-  at::Tensor y = x + o;
-  if (!pre) y = norm(y, kind, w1, b1, floats[0]);
+  write_position(cache_v, pp, P, (H + Hkv) * D, Hkv, D, length);
+  const int64_t S = length + 1;
+  float* ap = rows(ws.a, B, H * D);
+  attnlab::decode_attention_into(
+      q, {cache_k.data_ptr<float>(), cache_k.stride(0), cache_k.stride(1), cache_k.stride(2)},
+      {cache_v.data_ptr<float>(), cache_v.stride(0), cache_v.stride(1), cache_v.stride(2)}, B, H,
+      Hkv, S, D, D, floats[2], ap);
+  float* op = rows(ws.o, B, E);
+  apply(out, ap, B, op);
+  // y = x + a (pre-norm), Norm1(x + a) (post-norm)
+  float* yp = rows(ws.y, B, E);
+  if (pre) {
+    add_into(xp, op, yp, B * E);
+  } else {
+    add_into(xp, op, rows(ws.h, B, E), B * E);
+    norm_into(ws.h, B, E, kind, w1, b1, floats[0], ws.y);
+  }
 
-  // feed-forward sublayer
-  const at::Tensor f_in = (pre ? norm(y, kind, w2, b2, floats[1]) : y).view({B, E});
-  at::Tensor hidden;
-  if (gated) {
-    const QLinear gate = linear(tensors, config, GATE);
-    hidden = activate(apply(gate, f_in), config[ACTIVATION]) * apply(up, f_in);
-  } else {
-    hidden = activate(apply(up, f_in), config[ACTIVATION]);
+  // feed-forward sublayer on f = pre ? Norm2(y) : y
+  const float* fp = yp;
+  if (pre) {
+    rows(ws.f, B, E);
+    norm_into(ws.y, B, E, kind, w2, b2, floats[1], ws.f);
+    fp = ws.f.data_ptr<float>();
   }
-  y = y + apply(down, hidden).view({B, 1, E});
-  return pre ? y : norm(y, kind, w2, b2, floats[1]);
+  float* up_p = rows(ws.up, B, F);
+  if (gated) {
+    float* gp = rows(ws.gate, B, F);
+    apply(gate, fp, B, gp);
+    apply(up, fp, B, up_p);
+    activate(ws.gate, gp, B * F, config[ACTIVATION]);
+    for (int64_t i = 0; i < B * F; ++i) up_p[i] = gp[i] * up_p[i];
+  } else {
+    apply(up, fp, B, up_p);
+    activate(ws.up, up_p, B * F, config[ACTIVATION]);
+  }
+  float* dp = rows(ws.down, B, E);
+  apply(down, up_p, B, dp);
+  if (pre) {
+    add_into(yp, dp, rp, B * E);
+  } else {
+    add_into(yp, dp, rows(ws.h, B, E), B * E);
+    norm_into(ws.h, B, E, kind, w2, b2, floats[1], result);
+  }
+  return result;
 }
 
 }  // namespace

@@ -346,6 +346,17 @@ void check_common(const at::Tensor& x, const at::Tensor& w, const c10::optional<
 
 namespace attnlab {
 
+void int8_linear_into(const float* xp, int64_t M, int64_t K, const int8_t* qp, const float* sp,
+                      const float* bp, int64_t N, float* yp, int64_t isa) {
+  const bool wide = isa != 1 && cpu_has_avx512();
+  at::parallel_for(0, N, grain(M, K), [&](int64_t n0, int64_t n1) {
+    if (wide)
+      int8_range<int8_row512<4>, int8_row512<2>, int8_row512<1>, true>(xp, M, K, qp, sp, bp, yp, N, n0, n1);
+    else
+      int8_range<int8_row<2>, int8_row<2>, int8_row<1>, false>(xp, M, K, qp, sp, bp, yp, N, n0, n1);
+  });
+}
+
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
                        const c10::optional<at::Tensor>& bias, int64_t isa) {
   const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
@@ -355,19 +366,36 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == N,
               "woq_gemm: int8 scales must be a contiguous float32 (N,) tensor");
   at::Tensor y = at::empty({M, N}, x.options());
-  const float* xp = x.data_ptr<float>();
-  const int8_t* qp = q.data_ptr<int8_t>();
-  const float* sp = scale.data_ptr<float>();
-  const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
-  const bool wide = isa != 1 && cpu_has_avx512();
+  int8_linear_into(x.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), scale.data_ptr<float>(),
+                   bias.has_value() ? bias->data_ptr<float>() : nullptr, N, y.data_ptr<float>(),
+                   isa);
+  return y;
+}
+
+void int4_linear_into(const float* xp, int64_t M, int64_t K, const uint8_t* cp, const float* sp,
+                      const float* zp, int64_t group_size, const float* bp, int64_t N, float* yp,
+                      int64_t isa) {
+  const int64_t G = K / group_size;
+  const bool wide = isa != 1 && cpu_has_avx512() && group_size % 32 == 0;
+  std::vector<float> xs = split_even_odd(xp, M, K, wide ? 32 : 16);
+  std::vector<float> xsum;  // per group sums of x, for the AVX2 loop's zero points
+  if (!wide) {
+    xsum.assign(static_cast<size_t>(M * G), 0.f);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) xsum[m * G + k / group_size] += xp[m * K + k];
+  }
+  const float* x2 = xs.data();
+  const float* s2 = xsum.data();
   at::parallel_for(0, N, grain(M, K), [&](int64_t n0, int64_t n1) {
     if (wide)
-      int8_range<int8_row512<4>, int8_row512<2>, int8_row512<1>, true>(xp, M, K, qp, sp, bp, yp, N, n0, n1);
+      int4_range512(x2, M, K, group_size, cp, sp, zp, bp, yp, N, n0, n1);
+    else if (group_size % 32 == 0)
+      int4_range<int4_row<2, 2>, int4_row<1, 2>>(x2, s2, M, K, group_size, cp, sp, zp,
+                 bp, yp, N, n0, n1);
     else
-      int8_range<int8_row<2>, int8_row<2>, int8_row<1>, false>(xp, M, K, qp, sp, bp, yp, N, n0, n1);
+      int4_range<int4_row<2, 1>, int4_row<1, 1>>(x2, s2, M, K, group_size, cp, sp, zp,
+                 bp, yp, N, n0, n1);
   });
-  return y;
 }
 
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
@@ -384,33 +412,11 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
                   scale.is_contiguous() && zero.is_contiguous() && scale.numel() == N * G &&
                   zero.numel() == N * G,
               "woq_gemm: int4 scales and zeros must be contiguous float32 (N, K/group_size)");
-  const float* xp = x.data_ptr<float>();
-  const bool wide = isa != 1 && cpu_has_avx512() && group_size % 32 == 0;
-  std::vector<float> xs = split_even_odd(xp, M, K, wide ? 32 : 16);
-  std::vector<float> xsum;  // per group sums of x, for the AVX2 loop's zero points
-  if (!wide) {
-    xsum.assign(static_cast<size_t>(M * G), 0.f);
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < K; ++k) xsum[m * G + k / group_size] += xp[m * K + k];
-  }
   at::Tensor y = at::empty({M, N}, x.options());
-  const uint8_t* cp = codes.data_ptr<uint8_t>();
-  const float* sp = scale.data_ptr<float>();
-  const float* zp = zero.data_ptr<float>();
-  const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
-  const float* x2 = xs.data();
-  const float* s2 = xsum.data();
-  at::parallel_for(0, N, grain(M, K), [&](int64_t n0, int64_t n1) {
-    if (wide)
-      int4_range512(x2, M, K, group_size, cp, sp, zp, bp, yp, N, n0, n1);
-    else if (group_size % 32 == 0)
-      int4_range<int4_row<2, 2>, int4_row<1, 2>>(x2, s2, M, K, group_size, cp, sp, zp,
-                 bp, yp, N, n0, n1);
-    else
-      int4_range<int4_row<2, 1>, int4_row<1, 1>>(x2, s2, M, K, group_size, cp, sp, zp,
-                 bp, yp, N, n0, n1);
-  });
+  int4_linear_into(x.data_ptr<float>(), M, K, codes.data_ptr<uint8_t>(), scale.data_ptr<float>(),
+                   zero.data_ptr<float>(), group_size,
+                   bias.has_value() ? bias->data_ptr<float>() : nullptr, N, y.data_ptr<float>(),
+                   isa);
   return y;
 }
 
