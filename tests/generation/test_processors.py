@@ -21,7 +21,7 @@ from attnlab.generation import (
     build_processors,
     stream,
 )
-from attnlab.generation.processors import select_tokens
+from attnlab.generation.processors import NonFiniteLogitsError, check_finite_logits, select_tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -232,3 +232,18 @@ def test_num_return_sequences_samples_per_prompt() -> None:
         model, PROMPTS, max_new_tokens=12, do_sample=True, top_k=1, num_return_sequences=3
     )
     assert torch.equal(top1, greedy.repeat_interleave(3, dim=0))
+
+
+def test_the_finite_check_tells_overflow_from_non_finite_logits() -> None:
+    huge = torch.full((2, 50), 3e38)  # finite, but their float32 sum overflows
+    check_finite_logits(huge, 0)  # the float64 check behind the fast one: no error
+    check_finite_logits(torch.randn(3, 7), 1)
+    for bad, kind in (
+        (float("nan"), "NaN"),
+        (float("-inf"), "infinite"),
+        (float("inf"), "infinite"),
+    ):
+        logits = torch.randn(3, 7)
+        logits[1, 4] = bad
+        with pytest.raises(NonFiniteLogitsError, match=f"{kind} at step 5 \\(sequence 1\\)"):
+            check_finite_logits(logits, 5)

@@ -197,9 +197,13 @@ class NonFiniteLogitsError(ValueError):
 def check_finite_logits(logits: Tensor, step: int) -> None:
     """Raise :class:`NonFiniteLogitsError` if the raw logits ``(B, V)`` of decoding step
     ``step`` (0: the prefill's) hold a non-finite value, naming the first such row."""
+    # A sum of finite values is finite unless it overflows, and a sum with a NaN or an infinity
+    # is not: one float32 reduction and one read settle the common case (0.17 ms of a 7 ms
+    # quantized GPT-2 step went to the float64 check below, its code cold after the weights).
+    if math.isfinite(logits.sum(dtype=torch.float32).item()):
+        return
     # A row's float64 sum is finite exactly when all its float32 values are (it cannot overflow:
-    # V * float32's max is far below float64's), and sum - sum is NaN, not 0, otherwise: one
-    # reduction instead of isfinite's four passes over a (B, V) tensor at every decoding step.
+    # V * float32's max is far below float64's), and sum - sum is NaN, not 0, otherwise.
     total = logits.sum(dim=-1, dtype=torch.float64)  # (B,)
     bad = (total - total) != 0
     if bool(bad.any()):

@@ -27,6 +27,7 @@ Shapes: x ``(B, 1, E)`` -> ``(B, 1, E)``; the cache ``(B, H_kv, L, D)`` gains po
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -41,7 +42,7 @@ from attnlab.layers.feedforward import GATED, FeedForward
 from attnlab.layers.kv_cache import KVCache, LayerKVCache, positions_for
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.layers.norm import LayerNorm, RMSNorm
-from attnlab.layers.positional import RotaryEmbedding, check_positions
+from attnlab.layers.positional import PositionalEncoding, RotaryEmbedding, check_positions
 from attnlab.models.gpt import GPT
 from attnlab.transforms.quant_modules import QuantizedLinear
 
@@ -298,6 +299,80 @@ def fused_forward(
     return forward
 
 
+_VERSION = operator.attrgetter("_version")
+_ACTIVATION_HOOK = operator.attrgetter("activation_hook")
+
+
+def _forward_of(layer: nn.Module) -> object:
+    """The ``forward`` set on ``layer`` itself (decode_layout's fused one), or ``None``."""
+    return layer.__dict__.get("forward")
+
+
+class _StackGuard:
+    """What every layer's fused step of a stack depends on besides its input and cache (see
+    :func:`_takes_step`), gathered once into flat tuples so that a decoding step checks it all
+    in a few C-level passes instead of a Python loop over the layers' tensors and modules.
+
+    Why: a token's per-layer checks (hooks of ten modules, twenty-odd tensors still in place,
+    the joined q/k/v's sources unchanged) took 0.40 ms of a 7-8 ms int4 GPT-2 step on issue
+    27's 2-core Xeon (2026-12-06), the interpreter's code and data cold after each step's
+    70 MB of weights.
+    """
+
+    def __init__(self, layers: Sequence[nn.Module], plans: Sequence[LayerPlan]) -> None:
+        self.layers = tuple(layers)
+        self.forwards = tuple(map(_forward_of, layers))
+        self.plans = tuple(plans)
+        modules = [
+            m for layer, plan in zip(layers, plans, strict=True) for m in (layer, *plan.modules)
+        ]
+        self.hook_dicts = tuple(
+            d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks)
+        )
+        self.hooked = tuple(m for plan in plans for m in plan.hooked)
+        watched = [w for plan in plans for w in plan.watched]
+        self.stores = tuple(w[0] for w in watched)
+        self.names = tuple(w[1] for w in watched)
+        self.tensors = tuple(w[2] for w in watched)
+        self.versioned = tuple(w[2] for w in watched if w[3] >= 0)
+        self.versions = [w[3] for w in watched if w[3] >= 0]
+        self.train_only = tuple(
+            layer for layer, plan in zip(layers, plans, strict=True) if not plan.dropout_free
+        )
+
+    def matches(self, layers: tuple[nn.Module, ...]) -> bool:
+        """Whether this guard was made for these layers with their fused forwards of now."""
+        return layers == self.layers and tuple(map(_forward_of, layers)) == self.forwards
+
+    def holds(self) -> bool:
+        """The step-independent part of :func:`_takes_step` for every layer at once: autograd
+        off, no hooks, no active dropout, every tensor the plans read still in place (and the
+        joined q/k/v's sources unchanged)."""
+        return (
+            not torch.is_grad_enabled()
+            and not torch_module._global_forward_hooks
+            and not torch_module._global_forward_pre_hooks
+            and not any(self.hook_dicts)
+            and all(hook is None for hook in map(_ACTIVATION_HOOK, self.hooked))
+            and not any(layer.training for layer in self.train_only)
+            and all(map(operator.is_, map(dict.get, self.stores, self.names), self.tensors))
+            and list(map(_VERSION, self.versioned)) == self.versions
+        )
+
+
+def _cache_takes(cache: LayerKVCache, batch: int) -> bool:
+    """The cache part of :func:`_takes_step`: plain (unwindowed), allocated, with room for one
+    more position, of the input's batch."""
+    k = cache.k
+    return (
+        cache.window is None
+        and k is not None
+        and cache.v is not None
+        and cache.length < k.shape[2]
+        and k.shape[0] == batch
+    )
+
+
 def fused_stack(model: GPT, memo: RotaryMemo) -> Callable[..., Tensor]:
     """``model.run_layers`` (a GPT's decoder stack) that, when every layer would take its fused
     step (:func:`fused_forward` installed, the same checks, no hooks on the layers themselves,
@@ -309,10 +384,49 @@ def fused_stack(model: GPT, memo: RotaryMemo) -> Callable[..., Tensor]:
     streams megabytes of weights through the caches and the interpreter's own code and data
     must come back after it. (Ad-hoc scripts, 2026-12-06, GPT-2 small with int4 weights and
     head: a bare loop of the twelve calls took 5.7 ms where the modules' path took 7.8 ms; with
-    this stack, checks first, a generated token went from 10.05-10.49 to 9.08-9.18 ms.)
+    this stack, checks first, a generated token went from 10.05-10.49 to 9.08-9.18 ms.) The
+    checks themselves run on a :class:`_StackGuard`, made again whenever the layers or their
+    fused forwards change.
     """
     step = torch.ops.attnlab_decode.layer_step
     own = type(model).run_layers
+    guard: list[_StackGuard] = []  # the current one, if any
+
+    def current_guard(layers: tuple[nn.Module, ...]) -> _StackGuard | None:
+        if guard and guard[0].matches(layers):
+            return guard[0]
+        plans = [active_plan(layer) for layer in layers]
+        guard.clear()
+        if any(plan is None for plan in plans):
+            return None
+        guard.append(_StackGuard(layers, cast("list[LayerPlan]", plans)))
+        return guard[0]
+
+    def takes(x: Tensor, cache: KVCache, index: Tensor) -> list[LayerKVCache] | None:
+        """The layers' caches when the whole stack takes its fused steps on ``x``, else None."""
+        layers = tuple(model.layers)
+        if not (
+            len(layers)
+            and x.dim() == 3
+            and x.shape[1] == 1
+            and x.dtype == torch.float32
+            and x.is_cpu
+            and x.is_contiguous()
+        ):
+            return None
+        g = current_guard(layers)
+        if g is None or not g.holds():
+            return None
+        caches = [cache.layer(i)[0] for i in range(len(layers))]
+        batch = x.shape[0]
+        if not all(_cache_takes(c, batch) for c in caches):
+            return None
+        bias = type(model.pos_encoding).score_bias
+        if bias is not PositionalEncoding.score_bias:  # e.g. ALiBi's: the modules add it
+            k_index = caches[0].key_positions(x.shape[1], x.device)  # (S,)
+            if model.pos_encoding.score_bias(index, k_index) is not None:
+                return None
+        return caches
 
     def run_layers(
         x: Tensor,
@@ -322,40 +436,24 @@ def fused_stack(model: GPT, memo: RotaryMemo) -> Callable[..., Tensor]:
         mask: Tensor | None = None,
         cache: KVCache | None = None,
     ) -> Tensor:
-        layers = model.layers
-        if mask is None and cache is not None and len(layers):
-            plans, caches = [], []
-            for i, layer in enumerate(layers):
-                plan = active_plan(layer)
-                layer_cache = cache.layer(i)[0]
-                if (
-                    plan is None
-                    or layer._forward_hooks
-                    or layer._forward_pre_hooks
-                    or not _takes_step(cast(DecoderLayer, layer), plan, x, layer_cache)
-                ):
-                    break
-                plans.append(plan)
-                caches.append(layer_cache)
-            else:
-                k_index = caches[0].key_positions(x.shape[1], x.device)  # (S,)
-                if model.pos_encoding.score_bias(index, k_index) is None:
-                    for plan, layer_cache in zip(plans, caches, strict=True):
-                        cos, sin = _rope(plan, memo, positions, x, layer_cache)
-                        x = step(
-                            x,
-                            plan.tensors,
-                            plan.config,
-                            plan.floats,
-                            layer_cache.k,
-                            layer_cache.v,
-                            layer_cache.length,
-                            cos,
-                            sin,
-                        )
-                        layer_cache.length += 1
-                    return x
-        return own(model, x, index=index, positions=positions, mask=mask, cache=cache)
+        caches = takes(x, cache, index) if mask is None and cache is not None else None
+        if caches is None:
+            return own(model, x, index=index, positions=positions, mask=mask, cache=cache)
+        for plan, layer_cache in zip(guard[0].plans, caches, strict=True):
+            cos, sin = _rope(plan, memo, positions, x, layer_cache)
+            x = step(
+                x,
+                plan.tensors,
+                plan.config,
+                plan.floats,
+                layer_cache.k,
+                layer_cache.v,
+                layer_cache.length,
+                cos,
+                sin,
+            )
+            layer_cache.length += 1
+        return x
 
     return run_layers
 
