@@ -103,18 +103,11 @@ def test_fused_step_equals_the_modules_bit_for_bit(
     model = quantize(_gpt(**overrides), fmt, group_size=32)
     exact = model.layers[0].ffn.activation not in ("gelu", "geglu")
     ids = torch.randint(0, 50, (batch, 5))
-    calls: list[int] = []
-    step = torch.ops.attnlab_decode.layer_step
-
-    def counting(*args: Any) -> torch.Tensor:
-        calls.append(args[6])  # the cache position written
-        return step(*args)
-
+    calls: list[int] = []  # the cache positions written
     with torch.inference_mode():
         expected, expected_tokens = _step_logits(model, ids, 6)  # the modules, sdpa
-        # the fused forwards and stack look the operator up when made: patch it before
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(torch.ops.attnlab_decode, "layer_step", counting)
+            _count_steps(mp, calls)
             with decode_layout(model, rows=batch):
                 assert all(active_plan(layer) is not None for layer in model.layers)
                 assert "run_layers" in model.__dict__  # the whole stack back to back
@@ -213,18 +206,30 @@ def test_float32_and_encoder_decoder_models_get_no_plan() -> None:
         assert all(active_plan(m) is None for m in seq2seq.modules())
 
 
+def _count_steps(mp: pytest.MonkeyPatch, calls: list[int]) -> None:
+    """Record in ``calls`` the cache position of every fused layer step, whether it runs alone
+    (``layer_step``) or in a stack (``stack_step``: one entry per layer). The fused forwards and
+    stacks look the operators up when made: patch before decode_layout."""
+    step, stack = torch.ops.attnlab_decode.layer_step, torch.ops.attnlab_decode.stack_step
+
+    def counting(*args: Any) -> torch.Tensor:
+        calls.append(args[6])
+        return step(*args)
+
+    def counting_stack(*args: Any) -> torch.Tensor:
+        calls.extend(args[4])
+        return stack(*args)
+
+    mp.setattr(torch.ops.attnlab_decode, "layer_step", counting)
+    mp.setattr(torch.ops.attnlab_decode, "stack_step", counting_stack)
+
+
 def _steps_taken(model: GPT, run: Any, *, layout: bool = True) -> int:
     """How many fused steps ``run()`` makes, inside a decode_layout entered here (``layout``) or
     by ``run`` itself (generate)."""
     calls: list[int] = []
-    step = torch.ops.attnlab_decode.layer_step
-
-    def counting(*args: Any) -> torch.Tensor:
-        calls.append(args[-1])
-        return step(*args)
-
-    with pytest.MonkeyPatch.context() as mp:  # fused_forward looks the operator up when made
-        mp.setattr(torch.ops.attnlab_decode, "layer_step", counting)
+    with pytest.MonkeyPatch.context() as mp:
+        _count_steps(mp, calls)
         if not layout:
             run()
             return len(calls)

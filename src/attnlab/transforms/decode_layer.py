@@ -28,9 +28,10 @@ Shapes: x ``(B, 1, E)`` -> ``(B, 1, E)``; the cache ``(B, H_kv, L, D)`` gains po
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import Tensor, nn
@@ -72,26 +73,21 @@ def _linear_entries(layer: QuantizedLinear | None) -> tuple[list[Tensor | None],
     return [layer.qweight, layer.scales, zeros, layer.bias], [layer.bits, group]
 
 
-Watched = tuple[dict[str, Any], str, Tensor, int]  # (a module's tensor dict, name, tensor, version)
+Watched = tuple[dict[str, Any], str, Tensor]  # (a module's tensor dict, name, tensor)
 
 
-def _watch(modules: Sequence[nn.Module], *, versions: bool) -> tuple[Watched, ...]:
-    """Every parameter and buffer of ``modules`` (not of their children) as it is now, with its
-    in-place version where ``versions`` (else, and for inference tensors, which have none: -1)."""
+def _watch(modules: Sequence[nn.Module]) -> tuple[Watched, ...]:
+    """Every parameter and buffer of ``modules`` (not of their children) as it is now."""
     out: list[Watched] = []
     for m in modules:
         for store in (m._parameters, m._buffers):
-            for name, t in store.items():
-                if t is not None:
-                    version = t._version if versions and not t.is_inference() else -1
-                    out.append((store, name, t, version))
+            out += [(store, name, t) for name, t in store.items() if t is not None]
     return tuple(out)
 
 
 def _unchanged(watched: Sequence[Watched]) -> bool:
-    """True while no watched tensor has been replaced (or, where a version was kept, modified
-    in place)."""
-    return all(store.get(name) is t and (v < 0 or t._version == v) for store, name, t, v in watched)
+    """True while no watched tensor has been replaced."""
+    return all(store.get(name) is t for store, name, t in watched)
 
 
 @dataclass(frozen=True)
@@ -100,15 +96,13 @@ class LayerPlan:
 
     Attributes:
         tensors: norm 1 (weight, bias), norm 2 (weight, bias), then (codes, scales, zeros,
-            bias) of q/k/v (joined), out, up, gate and down (``None`` where absent).
+            bias) of q, k, v, out, up, gate and down (``None`` where absent).
         config: pre-norm, norm kind, activation, gated, H, H_kv, D, RoPE layout (0: none),
-            then (bits, group size) of the five linears. floats: the two norms' eps and the
+            then (bits, group size) of the seven linears. floats: the two norms' eps and the
             attention scale.
         rotary: the layer's RoPE module, or ``None``.
-        watched: the tensors the step reads (the norms', out's, up's, gate's and down's: an
-            in-place change of them is seen by the step, a replacement is not) and the q/k/v
-            tensors the joined copy was made from (an in-place change is not seen either), as
-            they were when the plan was made (see :meth:`is_current`).
+        watched: the tensors the step reads, as they were when the plan was made: an in-place
+            change of them is seen by the step, a replacement is not (see :meth:`is_current`).
         modules: the modules the step stands in for (it is taken only while none has hooks);
             ``hooked``: those of them with attnlab hook sites (``activation_hook``).
         dropout_free: every dropout of the layer has p = 0 (else only eval mode takes the step).
@@ -124,14 +118,14 @@ class LayerPlan:
     dropout_free: bool
 
     def is_current(self) -> bool:
-        """True while no tensor the step reads (or the joined q/k/v was copied from) has been
-        replaced or changed in place since the plan was made."""
+        """True while no tensor the step reads has been replaced since the plan was made."""
         return _unchanged(self.watched)
 
 
 def layer_plan(layer: nn.Module, qkv: Any) -> LayerPlan | None:
-    """The plan of ``layer`` given its joined q/k/v ``qkv`` (a ``QuantizedStack``), or ``None``
-    when the layer is not one the fused step covers (see the module doc)."""
+    """The plan of ``layer`` given its joined q/k/v ``qkv`` (a ``QuantizedStack``: the step reads
+    its sources, the layer's own q/k/v, not the joined copy), or ``None`` when the layer is not
+    one the fused step covers (see the module doc)."""
     if not isinstance(layer, DecoderLayer) or layer.cross_attn is not None:
         return None
     mha, ffn = layer.self_attn, layer.ffn
@@ -149,14 +143,14 @@ def layer_plan(layer: nn.Module, qkv: Any) -> LayerPlan | None:
         or type(n1) is not type(n2)
     ):
         return None
+    q, k, v = (_kernel_layer(m) for m in qkv.sources)
     out, up, down = (
         _kernel_layer(mha.out_proj),
         _kernel_layer(ffn.up_proj),
         _kernel_layer(ffn.down_proj),
     )
     gate = _kernel_layer(ffn.gate_proj) if ffn.gate_proj is not None else None
-    joined = _kernel_layer(qkv.layer)
-    if joined is None or out is None or up is None or down is None:
+    if q is None or k is None or v is None or out is None or up is None or down is None:
         return None
     if ffn.gate_proj is not None and gate is None:
         return None
@@ -175,13 +169,11 @@ def layer_plan(layer: nn.Module, qkv: Any) -> LayerPlan | None:
         mha.d_head,
         0 if mha.rotary is None else ROTARY_LAYOUTS[mha.rotary.layout],
     ]
-    for lin in (joined, out, up, gate, down):
+    for lin in (q, k, v, out, up, gate, down):
         entries, codes = _linear_entries(lin)
         tensors += entries
         config += codes
-    linears = [out, up, down] + ([gate] if gate is not None else [])
-    if not qkv.is_current():  # the joined q/k/v is a copy: it must be of today's sources
-        return None
+    linears = [q, k, v, out, up, down] + ([gate] if gate is not None else [])
     modules = [layer, n1, mha, n2, ffn, *linears, layer.dropout, ffn.dropout]
     dropouts = (layer.dropout.p, ffn.dropout.p, mha.dropout)
     return LayerPlan(
@@ -189,7 +181,7 @@ def layer_plan(layer: nn.Module, qkv: Any) -> LayerPlan | None:
         config=config,
         floats=[float(n1.eps), float(n2.eps), mha.d_head**-0.5],
         rotary=cast("RotaryEmbedding | None", mha.rotary),
-        watched=_watch([n1, n2, *linears], versions=False) + _watch(qkv.sources, versions=True),
+        watched=_watch([n1, n2, *linears]),
         modules=tuple(modules[1:]),  # the layer's own hooks run around its forward anyway
         hooked=(layer, mha, ffn),
         dropout_free=all(p == 0 for p in dropouts),
@@ -299,7 +291,6 @@ def fused_forward(
     return forward
 
 
-_VERSION = operator.attrgetter("_version")
 _ACTIVATION_HOOK = operator.attrgetter("activation_hook")
 
 
@@ -308,15 +299,53 @@ def _forward_of(layer: nn.Module) -> object:
     return layer.__dict__.get("forward")
 
 
+class _Registrations:
+    """How many parameters, buffers and submodules have been assigned anywhere (torch's global
+    registration hooks: ``module.weight = ...`` and the like) while at least one
+    :func:`watch_registrations` block is open. A stack whose count is unchanged since it last
+    looked has had none of its tensors replaced, so its step need not look at each of them."""
+
+    count: ClassVar[int] = 0
+    users: ClassVar[int] = 0
+    handles: ClassVar[list[Any]] = []
+
+    @classmethod
+    def bump(cls, *args: Any) -> None:
+        cls.count += 1
+
+
+@contextmanager
+def watch_registrations() -> Iterator[None]:
+    """Count registrations (see :class:`_Registrations`) for the duration of the block."""
+    if _Registrations.users == 0:
+        bump = _Registrations.bump
+        _Registrations.handles = [
+            torch_module.register_module_parameter_registration_hook(bump),
+            torch_module.register_module_buffer_registration_hook(bump),
+            torch_module.register_module_module_registration_hook(bump),
+        ]
+    _Registrations.users += 1
+    try:
+        yield
+    finally:
+        _Registrations.users -= 1
+        if _Registrations.users == 0:
+            for handle in _Registrations.handles:
+                handle.remove()
+            _Registrations.handles = []
+            _Registrations.count += 1  # unwatched from here on: nothing counted is certain
+
+
 class _StackGuard:
     """What every layer's fused step of a stack depends on besides its input and cache (see
     :func:`_takes_step`), gathered once into flat tuples so that a decoding step checks it all
-    in a few C-level passes instead of a Python loop over the layers' tensors and modules.
+    in a few C-level passes instead of a Python loop over the layers' tensors and modules; and
+    the stack's description for ``stack_step``, made once.
 
-    Why: a token's per-layer checks (hooks of ten modules, twenty-odd tensors still in place,
-    the joined q/k/v's sources unchanged) took 0.40 ms of a 7-8 ms int4 GPT-2 step on issue
-    27's 2-core Xeon (2026-12-06), the interpreter's code and data cold after each step's
-    70 MB of weights.
+    Why: a token's per-layer checks (hooks of ten modules, some forty tensors still in place)
+    took 0.24-0.40 ms of a 7-8 ms int4 GPT-2 step on issue 27's 2-core Xeon (2026-12-06), the
+    interpreter's code and data cold after each step's 70 MB of weights. The tensors are
+    looked at again only when something was registered somewhere since (:class:`_Registrations`).
     """
 
     def __init__(self, layers: Sequence[nn.Module], plans: Sequence[LayerPlan]) -> None:
@@ -334,11 +363,18 @@ class _StackGuard:
         self.stores = tuple(w[0] for w in watched)
         self.names = tuple(w[1] for w in watched)
         self.tensors = tuple(w[2] for w in watched)
-        self.versioned = tuple(w[2] for w in watched if w[3] >= 0)
-        self.versions = [w[3] for w in watched if w[3] >= 0]
         self.train_only = tuple(
             layer for layer, plan in zip(layers, plans, strict=True) if not plan.dropout_free
         )
+        self.registrations = _Registrations.count if _Registrations.users else -1
+        # one call for the whole stack where its layers share one RoPE module (or have none)
+        self.stack: Any = None
+        if len({id(plan.rotary) for plan in plans}) == 1:
+            self.stack = torch.classes.attnlab_decode.DecodeStack(
+                [t for plan in plans for t in plan.tensors],
+                [c for plan in plans for c in plan.config],
+                [f for plan in plans for f in plan.floats],
+            )
 
     def matches(self, layers: tuple[nn.Module, ...]) -> bool:
         """Whether this guard was made for these layers with their fused forwards of now."""
@@ -346,18 +382,22 @@ class _StackGuard:
 
     def holds(self) -> bool:
         """The step-independent part of :func:`_takes_step` for every layer at once: autograd
-        off, no hooks, no active dropout, every tensor the plans read still in place (and the
-        joined q/k/v's sources unchanged)."""
-        return (
-            not torch.is_grad_enabled()
-            and not torch_module._global_forward_hooks
-            and not torch_module._global_forward_pre_hooks
-            and not any(self.hook_dicts)
-            and all(hook is None for hook in map(_ACTIVATION_HOOK, self.hooked))
-            and not any(layer.training for layer in self.train_only)
-            and all(map(operator.is_, map(dict.get, self.stores, self.names), self.tensors))
-            and list(map(_VERSION, self.versioned)) == self.versions
-        )
+        off, no hooks, no active dropout, every tensor the plans read still in place."""
+        if (
+            torch.is_grad_enabled()
+            or torch_module._global_forward_hooks
+            or torch_module._global_forward_pre_hooks
+            or any(self.hook_dicts)
+            or not all(hook is None for hook in map(_ACTIVATION_HOOK, self.hooked))
+            or any(layer.training for layer in self.train_only)
+        ):
+            return False
+        if self.registrations >= 0 and self.registrations == _Registrations.count:
+            return True
+        if not all(map(operator.is_, map(dict.get, self.stores, self.names), self.tensors)):
+            return False
+        self.registrations = _Registrations.count if _Registrations.users else -1
+        return True
 
 
 def _cache_takes(cache: LayerKVCache, batch: int) -> bool:
@@ -389,6 +429,7 @@ def fused_stack(model: GPT, memo: RotaryMemo) -> Callable[..., Tensor]:
     fused forwards change.
     """
     step = torch.ops.attnlab_decode.layer_step
+    stack_step = torch.ops.attnlab_decode.stack_step
     own = type(model).run_layers
     guard: list[_StackGuard] = []  # the current one, if any
 
@@ -439,7 +480,17 @@ def fused_stack(model: GPT, memo: RotaryMemo) -> Callable[..., Tensor]:
         caches = takes(x, cache, index) if mask is None and cache is not None else None
         if caches is None:
             return own(model, x, index=index, positions=positions, mask=mask, cache=cache)
-        for plan, layer_cache in zip(guard[0].plans, caches, strict=True):
+        g = guard[0]
+        lengths = [c.length for c in caches]
+        if g.stack is not None and (g.plans[0].rotary is None or min(lengths) == max(lengths)):
+            cos, sin = _rope(g.plans[0], memo, positions, x, caches[0])
+            x = stack_step(
+                x, g.stack, [c.k for c in caches], [c.v for c in caches], lengths, cos, sin
+            )
+            for c in caches:
+                c.length += 1
+            return x
+        for plan, layer_cache in zip(g.plans, caches, strict=True):
             cos, sin = _rope(plan, memo, positions, x, layer_cache)
             x = step(
                 x,
@@ -464,4 +515,12 @@ def active_plan(layer: nn.Module) -> LayerPlan | None:
     return plan if isinstance(plan, LayerPlan) else None
 
 
-__all__ = ["LayerPlan", "RotaryMemo", "active_plan", "fused_forward", "fused_stack", "layer_plan"]
+__all__ = [
+    "LayerPlan",
+    "RotaryMemo",
+    "active_plan",
+    "fused_forward",
+    "fused_stack",
+    "layer_plan",
+    "watch_registrations",
+]

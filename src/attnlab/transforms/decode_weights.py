@@ -78,7 +78,13 @@ from attnlab.layers.blocks import DecoderLayer
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.models import build_model
 from attnlab.models.gpt import GPT
-from attnlab.transforms.decode_layer import RotaryMemo, fused_forward, fused_stack, layer_plan
+from attnlab.transforms.decode_layer import (
+    RotaryMemo,
+    fused_forward,
+    fused_stack,
+    layer_plan,
+    watch_registrations,
+)
 from attnlab.transforms.quant_modules import QuantizedLinear, stack_quantized, stackable
 
 
@@ -422,7 +428,8 @@ def decode_layout(model: nn.Module, rows: int) -> Iterator[None]:
                 # a GPT's layers back to back when all of them take their fused step
                 _patch(model, "run_layers", fused_stack(model, memo))
                 patched.append((model, "run_layers"))
-        yield
+        with watch_registrations():
+            yield
     finally:
         for module, name in patched:
             module.__dict__.pop(name, None)  # back to the class's own method

@@ -33,6 +33,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/native/Activation.h>
 #include <ATen/native/layer_norm.h>
+#include <torch/custom_class.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -48,12 +49,14 @@ namespace {
 enum Config : int64_t {
   PRE_NORM, NORM_KIND, ACTIVATION, GATED, HEADS, KV_HEADS, HEAD_DIM,
   ROTARY,   // 0: none, 1: RoPE "half" layout (pairs i, i + D/2), 2: "interleaved" (2i, 2i + 1)
-  LINEARS,  // then (bits, group size) for qkv, out, up, gate, down
+  LINEARS,  // then (bits, group size) for q, k, v, out, up, gate, down
 };
-enum Linear : int64_t { QKV, OUT, UP, GATE, DOWN, N_LINEARS };
+enum Linear : int64_t { Q, K, V, OUT, UP, GATE, DOWN, N_LINEARS };
 // Layout of the `tensors` list: norm 1 (weight, bias), norm 2 (weight, bias), then per linear
 // (codes, scales, zeros, bias) in the order of `Linear`.
 constexpr int64_t NORM1 = 0, NORM2 = 2, FIRST_LINEAR = 4;
+constexpr int64_t TENSORS = FIRST_LINEAR + 4 * N_LINEARS, CONFIGS = LINEARS + 2 * N_LINEARS,
+                  FLOATS = 3;  // per layer
 enum Activation : int64_t { RELU, GELU, GELU_TANH, SILU };
 
 using Opt = c10::optional<at::Tensor>;
@@ -69,14 +72,13 @@ bool float_vector(const at::Tensor& t, int64_t n) {
   return t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == n && t.device().is_cpu();
 }
 
-QLinear linear(const c10::List<Opt>& t, const std::vector<int64_t>& config, int64_t which,
-               int64_t K) {
+QLinear linear(const Opt* t, const int64_t* config, int64_t which, int64_t K) {
   QLinear l;
   l.bits = config[LINEARS + 2 * which];
   l.group = config[LINEARS + 2 * which + 1];
   l.K = K;
   const int64_t at = FIRST_LINEAR + 4 * which;
-  const Opt codes = t.get(at), scales = t.get(at + 1), zeros = t.get(at + 2), bias = t.get(at + 3);
+  const Opt &codes = t[at], &scales = t[at + 1], &zeros = t[at + 2], &bias = t[at + 3];
   TORCH_CHECK(codes.has_value() && scales.has_value(), "decode_layer: linear ", which,
               " has no codes or scales");
   TORCH_CHECK(l.bits == 8 || (l.bits == 4 && zeros.has_value()), "decode_layer: linear ", which,
@@ -109,14 +111,15 @@ QLinear linear(const c10::List<Opt>& t, const std::vector<int64_t>& config, int6
   return l;
 }
 
-// y (M, N) = x (M, K) through the layer
-void apply(const QLinear& l, const float* x, int64_t M, float* y) {
+// y (M, N) = x (M, K) through the layer; y's rows ldy floats apart (default N)
+void apply(const QLinear& l, const float* x, int64_t M, float* y, int64_t ldy = 0) {
+  if (ldy == 0) ldy = l.N;
   if (l.bits == 8)
     attnlab::int8_linear_into(x, M, l.K, static_cast<const int8_t*>(l.codes), l.scales, l.bias,
-                              l.N, y, 0);
+                              l.N, y, ldy, 0);
   else
     attnlab::int4_linear_into(x, M, l.K, static_cast<const uint8_t*>(l.codes), l.scales, l.zeros,
-                              l.group, l.bias, l.N, y, 0);
+                              l.group, l.bias, l.N, y, ldy, 0);
 }
 
 // The rows a step works in, kept from call to call (one set per calling thread): a decoding
@@ -314,17 +317,13 @@ void write_position(const at::Tensor& cache, const float* src, int64_t row, int6
                   sizeof(float) * static_cast<size_t>(D));
 }
 
-at::Tensor layer_step(const at::Tensor& x, const c10::List<Opt>& tensors,
-                      std::vector<int64_t> config, std::vector<double> floats,
-                      const at::Tensor& cache_k, const at::Tensor& cache_v, int64_t length,
-                      const Opt& cos, const Opt& sin) {
+// One layer's step: t (TENSORS entries), config (CONFIGS), floats (FLOATS) as described above.
+at::Tensor step(const at::Tensor& x, const Opt* t, const int64_t* config, const double* floats,
+                const at::Tensor& cache_k, const at::Tensor& cache_v, int64_t length,
+                const Opt& cos, const Opt& sin) {
   TORCH_CHECK(x.dim() == 3 && x.size(1) == 1 && x.scalar_type() == at::kFloat &&
                   x.is_contiguous() && x.device().is_cpu(),
               "decode_layer: x must be a contiguous float32 (B, 1, E) CPU tensor");
-  TORCH_CHECK(static_cast<int64_t>(config.size()) == LINEARS + 2 * N_LINEARS &&
-                  tensors.size() == static_cast<size_t>(FIRST_LINEAR + 4 * N_LINEARS) &&
-                  floats.size() == 3,
-              "decode_layer: malformed layer description");
   const int64_t B = x.size(0), E = x.size(2);
   const int64_t H = config[HEADS], Hkv = config[KV_HEADS], D = config[HEAD_DIM];
   TORCH_CHECK(H > 0 && Hkv > 0 && D > 0 && H % Hkv == 0, "decode_layer: H = ", H, ", H_kv = ",
@@ -342,18 +341,20 @@ at::Tensor layer_step(const at::Tensor& x, const c10::List<Opt>& tensors,
               " outside its ", cache_k.size(2), " slots");
   const bool pre = config[PRE_NORM] != 0, gated = config[GATED] != 0;
   const int64_t kind = config[NORM_KIND], P = (H + 2 * Hkv) * D;
-  const Opt w1 = tensors.get(NORM1), b1 = tensors.get(NORM1 + 1);
-  const Opt w2 = tensors.get(NORM2), b2 = tensors.get(NORM2 + 1);
+  const Opt &w1 = t[NORM1], &b1 = t[NORM1 + 1], &w2 = t[NORM2], &b2 = t[NORM2 + 1];
   TORCH_CHECK(kind == 0 || (w1.has_value() && w2.has_value()),
               "decode_layer: RMSNorm needs its weights");
-  const QLinear qkv = linear(tensors, config, QKV, E), out = linear(tensors, config, OUT, H * D);
-  const QLinear up = linear(tensors, config, UP, E);
-  const QLinear gate = gated ? linear(tensors, config, GATE, E) : QLinear{};
-  const QLinear down = linear(tensors, config, DOWN, up.N);
+  const QLinear q_proj = linear(t, config, Q, E), k_proj = linear(t, config, K, E);
+  const QLinear v_proj = linear(t, config, V, E), out = linear(t, config, OUT, H * D);
+  const QLinear up = linear(t, config, UP, E);
+  const QLinear gate = gated ? linear(t, config, GATE, E) : QLinear{};
+  const QLinear down = linear(t, config, DOWN, up.N);
   const int64_t F = up.N;
-  TORCH_CHECK(qkv.N == P && out.N == E && down.N == E && (!gated || gate.N == F),
-              "decode_layer: projections of the wrong sizes: q/k/v ", qkv.N, " (expected ", P,
-              "), out ", out.N, ", down ", down.N, " (expected ", E, ")");
+  TORCH_CHECK(q_proj.N == H * D && k_proj.N == Hkv * D && v_proj.N == Hkv * D && out.N == E &&
+                  down.N == E && (!gated || gate.N == F),
+              "decode_layer: projections of the wrong sizes: q ", q_proj.N, ", k ", k_proj.N,
+              ", v ", v_proj.N, " (expected ", H * D, ", ", Hkv * D, ", ", Hkv * D, "), out ",
+              out.N, ", down ", down.N, " (expected ", E, ")");
   Workspace& ws = workspace;
   const float* xp = x.data_ptr<float>();
   at::Tensor result = at::empty({B, 1, E}, x.options());
@@ -366,8 +367,10 @@ at::Tensor layer_step(const at::Tensor& x, const c10::List<Opt>& tensors,
     norm_into(x, B, E, kind, w1, b1, floats[0], ws.h);
     h = ws.h.data_ptr<float>();
   }
-  float* pp = rows(ws.p, B, P);
-  apply(qkv, h, B, pp);  // (B, (H + 2 H_kv) D)
+  float* pp = rows(ws.p, B, P);  // (B, (H + 2 H_kv) D): q, k, v side by side
+  apply(q_proj, h, B, pp, P);
+  apply(k_proj, h, B, pp + H * D, P);
+  apply(v_proj, h, B, pp + (H + Hkv) * D, P);
   attnlab::AttentionOperand q{pp, P, D, 0};
   at::Tensor q_rotated;
   if (config[ROTARY] != 0) {
@@ -428,12 +431,74 @@ at::Tensor layer_step(const at::Tensor& x, const c10::List<Opt>& tensors,
   return result;
 }
 
+at::Tensor layer_step(const at::Tensor& x, const c10::List<Opt>& tensors,
+                      std::vector<int64_t> config, std::vector<double> floats,
+                      const at::Tensor& cache_k, const at::Tensor& cache_v, int64_t length,
+                      const Opt& cos, const Opt& sin) {
+  TORCH_CHECK(static_cast<int64_t>(config.size()) == CONFIGS &&
+                  static_cast<int64_t>(tensors.size()) == TENSORS &&
+                  static_cast<int64_t>(floats.size()) == FLOATS,
+              "decode_layer: malformed layer description (", tensors.size(), " tensors, ",
+              config.size(), " config entries, ", floats.size(), " floats; expected ", TENSORS,
+              ", ", CONFIGS, ", ", FLOATS, ")");
+  const std::vector<Opt> t(tensors.begin(), tensors.end());
+  return step(x, t.data(), config.data(), floats.data(), cache_k, cache_v, length, cos, sin);
+}
+
+// A whole decoder stack's descriptions (the layers' `tensors`, `config` and `floats` one after
+// another), made once per decoding call: stack_step then runs all the layers' steps in one call,
+// without converting some thirty tensors per layer from Python at every token.
+struct DecodeStack : torch::CustomClassHolder {
+  std::vector<Opt> tensors;
+  std::vector<int64_t> config;
+  std::vector<double> floats;
+  int64_t layers = 0;
+
+  DecodeStack(const c10::List<Opt>& t, std::vector<int64_t> c, std::vector<double> f)
+      : tensors(t.begin(), t.end()), config(std::move(c)), floats(std::move(f)) {
+    layers = static_cast<int64_t>(config.size()) / CONFIGS;
+    TORCH_CHECK(layers > 0 && static_cast<int64_t>(config.size()) == layers * CONFIGS &&
+                    static_cast<int64_t>(tensors.size()) == layers * TENSORS &&
+                    static_cast<int64_t>(floats.size()) == layers * FLOATS,
+                "decode_layer: malformed stack description (", tensors.size(), " tensors, ",
+                config.size(), " config entries, ", floats.size(), " floats for whole layers of ",
+                TENSORS, ", ", CONFIGS, ", ", FLOATS, ")");
+  }
+  int64_t size() const { return layers; }
+};
+
+at::Tensor stack_step(const at::Tensor& x, const c10::intrusive_ptr<DecodeStack>& stack,
+                      const std::vector<at::Tensor>& cache_k, const std::vector<at::Tensor>& cache_v,
+                      const std::vector<int64_t>& lengths, const Opt& cos, const Opt& sin) {
+  const int64_t L = stack->layers;
+  TORCH_CHECK(static_cast<int64_t>(cache_k.size()) == L &&
+                  static_cast<int64_t>(cache_v.size()) == L &&
+                  static_cast<int64_t>(lengths.size()) == L,
+              "decode_layer: ", L, " layers need ", L, " key caches, value caches and lengths; got ",
+              cache_k.size(), ", ", cache_v.size(), ", ", lengths.size());
+  at::Tensor h = x;
+  for (int64_t i = 0; i < L; ++i)
+    h = step(h, stack->tensors.data() + i * TENSORS, stack->config.data() + i * CONFIGS,
+             stack->floats.data() + i * FLOATS, cache_k[i], cache_v[i], lengths[i], cos, sin);
+  return h;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(attnlab_decode, m) {
+  m.class_<DecodeStack>("DecodeStack")
+      .def(torch::init<const c10::List<Opt>&, std::vector<int64_t>, std::vector<double>>())
+      .def("size", &DecodeStack::size);
   m.def(
       "layer_step(Tensor x, Tensor?[] tensors, int[] config, float[] floats, Tensor cache_k, "
       "Tensor cache_v, int length, Tensor? cos=None, Tensor? sin=None) -> Tensor");
+  m.def(
+      "stack_step(Tensor x, __torch__.torch.classes.attnlab_decode.DecodeStack stack, "
+      "Tensor[] cache_k, Tensor[] cache_v, int[] lengths, Tensor? cos=None, Tensor? sin=None) "
+      "-> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(attnlab_decode, CPU, m) { m.impl("layer_step", &layer_step); }
+TORCH_LIBRARY_IMPL(attnlab_decode, CPU, m) {
+  m.impl("layer_step", &layer_step);
+  m.impl("stack_step", &stack_step);
+}

@@ -61,12 +61,13 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
                             double scale);
 
 // The same three operations on raw float32 pointers, writing into preallocated outputs (no
-// checks: decode_layer.cpp's callers have checked the operands). x (M, K), y (M, N) row-major.
+// checks: decode_layer.cpp's callers have checked the operands). x (M, K) row-major; y (M, N)
+// with rows ldy >= N floats apart (a block of columns of a wider output).
 void int8_linear_into(const float* x, int64_t M, int64_t K, const int8_t* q, const float* scale,
-                      const float* bias, int64_t N, float* y, int64_t isa);
+                      const float* bias, int64_t N, float* y, int64_t ldy, int64_t isa);
 void int4_linear_into(const float* x, int64_t M, int64_t K, const uint8_t* codes,
                       const float* scale, const float* zero, int64_t group_size,
-                      const float* bias, int64_t N, float* y, int64_t isa);
+                      const float* bias, int64_t N, float* y, int64_t ldy, int64_t isa);
 
 // One operand of decode_attention_into: its data and strides (batch, head, position; the last
 // dimension contiguous).

@@ -347,13 +347,13 @@ void check_common(const at::Tensor& x, const at::Tensor& w, const c10::optional<
 namespace attnlab {
 
 void int8_linear_into(const float* xp, int64_t M, int64_t K, const int8_t* qp, const float* sp,
-                      const float* bp, int64_t N, float* yp, int64_t isa) {
+                      const float* bp, int64_t N, float* yp, int64_t ldy, int64_t isa) {
   const bool wide = isa != 1 && cpu_has_avx512();
   at::parallel_for(0, N, grain(M, K), [&](int64_t n0, int64_t n1) {
     if (wide)
-      int8_range<int8_row512<4>, int8_row512<2>, int8_row512<1>, true>(xp, M, K, qp, sp, bp, yp, N, n0, n1);
+      int8_range<int8_row512<4>, int8_row512<2>, int8_row512<1>, true>(xp, M, K, qp, sp, bp, yp, ldy, n0, n1);
     else
-      int8_range<int8_row<2>, int8_row<2>, int8_row<1>, false>(xp, M, K, qp, sp, bp, yp, N, n0, n1);
+      int8_range<int8_row<2>, int8_row<2>, int8_row<1>, false>(xp, M, K, qp, sp, bp, yp, ldy, n0, n1);
   });
 }
 
@@ -368,13 +368,13 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   at::Tensor y = at::empty({M, N}, x.options());
   int8_linear_into(x.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), scale.data_ptr<float>(),
                    bias.has_value() ? bias->data_ptr<float>() : nullptr, N, y.data_ptr<float>(),
-                   isa);
+                   N, isa);
   return y;
 }
 
 void int4_linear_into(const float* xp, int64_t M, int64_t K, const uint8_t* cp, const float* sp,
                       const float* zp, int64_t group_size, const float* bp, int64_t N, float* yp,
-                      int64_t isa) {
+                      int64_t ldy, int64_t isa) {
   const int64_t G = K / group_size;
   const bool wide = isa != 1 && cpu_has_avx512() && group_size % 32 == 0;
   std::vector<float> xs = split_even_odd(xp, M, K, wide ? 32 : 16);
@@ -388,13 +388,13 @@ void int4_linear_into(const float* xp, int64_t M, int64_t K, const uint8_t* cp, 
   const float* s2 = xsum.data();
   at::parallel_for(0, N, grain(M, K), [&](int64_t n0, int64_t n1) {
     if (wide)
-      int4_range512(x2, M, K, group_size, cp, sp, zp, bp, yp, N, n0, n1);
+      int4_range512(x2, M, K, group_size, cp, sp, zp, bp, yp, ldy, n0, n1);
     else if (group_size % 32 == 0)
       int4_range<int4_row<2, 2>, int4_row<1, 2>>(x2, s2, M, K, group_size, cp, sp, zp,
-                 bp, yp, N, n0, n1);
+                 bp, yp, ldy, n0, n1);
     else
       int4_range<int4_row<2, 1>, int4_row<1, 1>>(x2, s2, M, K, group_size, cp, sp, zp,
-                 bp, yp, N, n0, n1);
+                 bp, yp, ldy, n0, n1);
   });
 }
 
@@ -416,7 +416,7 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   int4_linear_into(x.data_ptr<float>(), M, K, codes.data_ptr<uint8_t>(), scale.data_ptr<float>(),
                    zero.data_ptr<float>(), group_size,
                    bias.has_value() ? bias->data_ptr<float>() : nullptr, N, y.data_ptr<float>(),
-                   isa);
+                   N, isa);
   return y;
 }
 
