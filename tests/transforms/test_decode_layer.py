@@ -208,9 +208,10 @@ def test_float32_and_encoder_decoder_models_get_no_plan() -> None:
 
 def _count_steps(mp: pytest.MonkeyPatch, calls: list[int]) -> None:
     """Record in ``calls`` the cache position of every fused layer step, whether it runs alone
-    (``layer_step``) or in a stack (``stack_step``: one entry per layer). The fused forwards and
-    stacks look the operators up when made: patch before decode_layout."""
-    step, stack = torch.ops.attnlab_decode.layer_step, torch.ops.attnlab_decode.stack_step
+    (``layer_step``) or in a stack (``stack_step``, ``decode_step``: one entry per layer). The
+    fused forwards and stacks look the operators up when made: patch before decode_layout."""
+    ops = torch.ops.attnlab_decode
+    step, stack, whole = ops.layer_step, ops.stack_step, ops.decode_step
 
     def counting(*args: Any) -> torch.Tensor:
         calls.append(args[6])
@@ -220,8 +221,13 @@ def _count_steps(mp: pytest.MonkeyPatch, calls: list[int]) -> None:
         calls.extend(args[4])
         return stack(*args)
 
-    mp.setattr(torch.ops.attnlab_decode, "layer_step", counting)
-    mp.setattr(torch.ops.attnlab_decode, "stack_step", counting_stack)
+    def counting_whole(*args: Any) -> torch.Tensor:
+        calls.extend(args[8])
+        return whole(*args)
+
+    mp.setattr(ops, "layer_step", counting)
+    mp.setattr(ops, "stack_step", counting_stack)
+    mp.setattr(ops, "decode_step", counting_whole)
 
 
 def _steps_taken(model: GPT, run: Any, *, layout: bool = True) -> int:
@@ -372,3 +378,45 @@ def test_the_stack_runs_back_to_back_only_when_every_layer_would() -> None:
         padded = attnlab.generate(model, pair, max_new_tokens=3, eos_id=(), attention_mask=mask)
     assert len(own) == 3  # a mask at every step: the loop each time
     assert torch.equal(padded, _plain_generate(model, pair, 3, attention_mask=mask))
+
+
+def test_the_whole_step_is_one_call_where_the_embedding_allows() -> None:
+    """GPT.hidden_states inside decode_layout: token ids to the final norm in one decode_step
+    for a plain embedding (learned or rotary positions); stack_step alone when the final norm or
+    the embedding has a hook; the ids and the learned table's end checked as the modules do."""
+    ops = torch.ops.attnlab_decode
+    used: list[str] = []
+
+    def spy(name: str) -> Any:
+        op = getattr(ops, name)
+        return lambda *args: used.append(name) or op(*args)
+
+    for overrides in ({}, {"pos_encoding": "rope", "norm": "rmsnorm"}):
+        model = quantize(_gpt(n_layers=2, **overrides), "int4", group_size=32)
+        ids = torch.randint(0, 50, (2, 4))
+        used.clear()
+
+        with pytest.MonkeyPatch.context() as mp, torch.inference_mode():
+            for name in ("decode_step", "stack_step", "layer_step"):
+                mp.setattr(ops, name, spy(name))
+            with decode_layout(model, rows=2):
+                whole, _ = _step_logits(model, ids, 3)
+            assert used == ["decode_step"] * 3, overrides
+            used.clear()
+            for module in (model.final_norm, model.tok_embed):
+                handle = module.register_forward_hook(lambda m, a, out: None)
+                with decode_layout(model, rows=2):
+                    hooked_logits, _ = _step_logits(model, ids, 3)
+                handle.remove()
+                assert used == ["stack_step"] * 3, (overrides, module)
+                assert torch.equal(hooked_logits, whole)
+                used.clear()
+    model = quantize(_gpt(n_layers=2, max_seq_len=6), "int8")
+    with torch.inference_mode(), decode_layout(model, rows=1):
+        cache = model.new_cache(8)
+        model(torch.randint(0, 50, (1, 5)), cache=cache)
+        with pytest.raises(ValueError, match=r"token id 50 is outside the vocabulary \[0, 50\)"):
+            model(torch.tensor([[50]]), cache=cache)
+        model(torch.tensor([[3]]), cache=cache)  # position 5, the table's last
+        with pytest.raises(ValueError, match="sequence of 7 tokens exceeds max_seq_len=6"):
+            model(torch.tensor([[3]]), cache=cache)

@@ -39,11 +39,18 @@ from torch.nn.modules import module as torch_module
 
 import attnlab.transforms.woq_kernels as wk
 from attnlab.layers.blocks import DecoderLayer
+from attnlab.layers.embedding import TokenEmbedding
 from attnlab.layers.feedforward import GATED, FeedForward
 from attnlab.layers.kv_cache import KVCache, LayerKVCache, positions_for
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.layers.norm import LayerNorm, RMSNorm
-from attnlab.layers.positional import PositionalEncoding, RotaryEmbedding, check_positions
+from attnlab.layers.positional import (
+    LearnedPositionalEmbedding,
+    NoPositionalEncoding,
+    PositionalEncoding,
+    RotaryEmbedding,
+    check_positions,
+)
 from attnlab.models.gpt import GPT
 from attnlab.transforms.quant_modules import QuantizedLinear
 
@@ -292,6 +299,9 @@ def fused_forward(
 
 
 _ACTIVATION_HOOK = operator.attrgetter("activation_hook")
+_NO_BIAS = PositionalEncoding.score_bias
+# positions decode_step adds itself (a table row) or that add nothing to the embedding
+_PLAIN_POSITIONS = (LearnedPositionalEmbedding, RotaryEmbedding, NoPositionalEncoding)
 
 
 def _forward_of(layer: nn.Module) -> object:
@@ -348,21 +358,25 @@ class _StackGuard:
     looked at again only when something was registered somewhere since (:class:`_Registrations`).
     """
 
-    def __init__(self, layers: Sequence[nn.Module], plans: Sequence[LayerPlan]) -> None:
+    def __init__(
+        self, layers: Sequence[nn.Module], plans: Sequence[LayerPlan], final_norm: nn.Module | None
+    ) -> None:
         self.layers = tuple(layers)
         self.forwards = tuple(map(_forward_of, layers))
         self.plans = tuple(plans)
         modules = [
             m for layer, plan in zip(layers, plans, strict=True) for m in (layer, *plan.modules)
         ]
+        # the final norm, which only decode_step runs: a hook on it, or another kind of norm,
+        # leaves the step to the class's hidden_states (and its stack to run_layers)
+        self.final_norm = final_norm
+        self.final_ok = final_norm is None or type(final_norm) in NORM_KINDS
+        self.final_hooks: tuple[Any, ...] = ()
         self.hook_dicts = tuple(
             d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks)
         )
         self.hooked = tuple(m for plan in plans for m in plan.hooked)
         watched = [w for plan in plans for w in plan.watched]
-        self.stores = tuple(w[0] for w in watched)
-        self.names = tuple(w[1] for w in watched)
-        self.tensors = tuple(w[2] for w in watched)
         self.train_only = tuple(
             layer for layer, plan in zip(layers, plans, strict=True) if not plan.dropout_free
         )
@@ -375,6 +389,16 @@ class _StackGuard:
                 [c for plan in plans for c in plan.config],
                 [f for plan in plans for f in plan.floats],
             )
+            if final_norm is not None and self.final_ok:
+                norm = cast("LayerNorm | RMSNorm", final_norm)
+                self.stack.set_final_norm(
+                    norm.weight, getattr(norm, "bias", None), NORM_KINDS[type(norm)], norm.eps
+                )
+                self.final_hooks = (norm._forward_hooks, norm._forward_pre_hooks)
+                watched += _watch([norm])
+        self.stores = tuple(w[0] for w in watched)
+        self.names = tuple(w[1] for w in watched)
+        self.tensors = tuple(w[2] for w in watched)
 
     def matches(self, layers: tuple[nn.Module, ...]) -> bool:
         """Whether this guard was made for these layers with their fused forwards of now."""
@@ -413,63 +437,64 @@ def _cache_takes(cache: LayerKVCache, batch: int) -> bool:
     )
 
 
-def fused_stack(model: GPT, memo: RotaryMemo) -> Callable[..., Tensor]:
-    """``model.run_layers`` (a GPT's decoder stack) that, when every layer would take its fused
-    step (:func:`fused_forward` installed, the same checks, no hooks on the layers themselves,
-    no mask and no ALiBi bias), runs the layers' steps back to back; otherwise the class's own
-    loop over the layers.
+class FusedStack:
+    """A GPT's decoder stack, and its whole one-token step, as few C++ calls (installed by
+    ``decode_layout`` as the model's ``run_layers`` and ``hidden_states``).
+
+    :meth:`run_layers`: when every layer would take its fused step (:func:`fused_forward`
+    installed, the same checks, no hooks on the layers themselves, no mask and no ALiBi bias),
+    the layers' steps run in one ``stack_step`` call; otherwise the class's own loop.
+    :meth:`hidden_states`: when moreover the embedding is a plain table lookup (learned, rotary
+    or no positions, no embedding norm, no active dropout, no hooks) and the final norm a
+    LayerNorm or RMSNorm (or none), the whole step from token ids to the normalised hidden
+    state is one ``decode_step`` call; otherwise the class's own, which calls :meth:`run_layers`.
 
     Why: a token's Python between two layer calls (the module call, the layer's checks) ran
     about 75 us on issue 27's 2-core Xeon, five times its cost in isolation, because each layer
     streams megabytes of weights through the caches and the interpreter's own code and data
     must come back after it. (Ad-hoc scripts, 2026-12-06, GPT-2 small with int4 weights and
-    head: a bare loop of the twelve calls took 5.7 ms where the modules' path took 7.8 ms; with
-    this stack, checks first, a generated token went from 10.05-10.49 to 9.08-9.18 ms.) The
-    checks themselves run on a :class:`_StackGuard`, made again whenever the layers or their
-    fused forwards change.
+    head: a bare loop of the twelve calls took 5.7 ms where the modules' path took 7.8 ms; the
+    embedding and final norm around them took 0.3 ms.) The checks run on a
+    :class:`_StackGuard`, made again whenever the layers, their fused forwards or the final
+    norm change.
     """
-    step = torch.ops.attnlab_decode.layer_step
-    stack_step = torch.ops.attnlab_decode.stack_step
-    own = type(model).run_layers
-    guard: list[_StackGuard] = []  # the current one, if any
 
-    def current_guard(layers: tuple[nn.Module, ...]) -> _StackGuard | None:
-        if guard and guard[0].matches(layers):
-            return guard[0]
+    def __init__(self, model: GPT, memo: RotaryMemo) -> None:
+        self.model = model
+        self.memo = memo
+        self.guard: _StackGuard | None = None
+        self.step = torch.ops.attnlab_decode.layer_step
+        self.stack_step = torch.ops.attnlab_decode.stack_step
+        self.decode_step = torch.ops.attnlab_decode.decode_step
+
+    def current_guard(self, layers: tuple[nn.Module, ...]) -> _StackGuard | None:
+        """The guard of these layers (and the model's final norm), made if needed."""
+        g, final = self.guard, self.model.final_norm
+        if g is not None and g.matches(layers) and g.final_norm is final:
+            return g
         plans = [active_plan(layer) for layer in layers]
-        guard.clear()
+        self.guard = None
         if any(plan is None for plan in plans):
             return None
-        guard.append(_StackGuard(layers, cast("list[LayerPlan]", plans)))
-        return guard[0]
+        self.guard = _StackGuard(layers, cast("list[LayerPlan]", plans), final)
+        return self.guard
 
-    def takes(x: Tensor, cache: KVCache, index: Tensor) -> list[LayerKVCache] | None:
-        """The layers' caches when the whole stack takes its fused steps on ``x``, else None."""
-        layers = tuple(model.layers)
-        if not (
-            len(layers)
-            and x.dim() == 3
-            and x.shape[1] == 1
-            and x.dtype == torch.float32
-            and x.is_cpu
-            and x.is_contiguous()
-        ):
+    def caches_for(self, cache: KVCache, batch: int) -> list[LayerKVCache] | None:
+        """The layers' caches in ``cache`` when the whole stack takes its fused steps for
+        ``batch`` rows (the caller has checked its input), else ``None``."""
+        layers = tuple(self.model.layers)
+        if not layers:
             return None
-        g = current_guard(layers)
+        g = self.current_guard(layers)
         if g is None or not g.holds():
             return None
-        caches = [cache.layer(i)[0] for i in range(len(layers))]
-        batch = x.shape[0]
+        caches = [c for c, _ in map(cache.layer, range(len(layers)))]
         if not all(_cache_takes(c, batch) for c in caches):
             return None
-        bias = type(model.pos_encoding).score_bias
-        if bias is not PositionalEncoding.score_bias:  # e.g. ALiBi's: the modules add it
-            k_index = caches[0].key_positions(x.shape[1], x.device)  # (S,)
-            if model.pos_encoding.score_bias(index, k_index) is not None:
-                return None
         return caches
 
     def run_layers(
+        self,
         x: Tensor,
         *,
         index: Tensor,
@@ -477,22 +502,40 @@ def fused_stack(model: GPT, memo: RotaryMemo) -> Callable[..., Tensor]:
         mask: Tensor | None = None,
         cache: KVCache | None = None,
     ) -> Tensor:
-        caches = takes(x, cache, index) if mask is None and cache is not None else None
+        """``GPT.run_layers``, the stack in one call where it applies (see the class doc)."""
+        model = self.model
+        caches = None
+        if (
+            mask is None
+            and cache is not None
+            and x.dim() == 3
+            and x.shape[1] == 1
+            and x.dtype == torch.float32
+            and x.is_cpu
+            and x.is_contiguous()
+        ):
+            caches = self.caches_for(cache, x.shape[0])
+        if caches is not None and type(model.pos_encoding).score_bias is not _NO_BIAS:
+            k_index = caches[0].key_positions(x.shape[1], x.device)  # (S,)
+            if model.pos_encoding.score_bias(index, k_index) is not None:  # ALiBi: the modules
+                caches = None
         if caches is None:
-            return own(model, x, index=index, positions=positions, mask=mask, cache=cache)
-        g = guard[0]
+            return GPT.run_layers(
+                model, x, index=index, positions=positions, mask=mask, cache=cache
+            )
+        g = cast(_StackGuard, self.guard)
         lengths = [c.length for c in caches]
         if g.stack is not None and (g.plans[0].rotary is None or min(lengths) == max(lengths)):
-            cos, sin = _rope(g.plans[0], memo, positions, x, caches[0])
-            x = stack_step(
+            cos, sin = _rope(g.plans[0], self.memo, positions, x, caches[0])
+            x = self.stack_step(
                 x, g.stack, [c.k for c in caches], [c.v for c in caches], lengths, cos, sin
             )
             for c in caches:
                 c.length += 1
             return x
         for plan, layer_cache in zip(g.plans, caches, strict=True):
-            cos, sin = _rope(plan, memo, positions, x, layer_cache)
-            x = step(
+            cos, sin = _rope(plan, self.memo, positions, x, layer_cache)
+            x = self.step(
                 x,
                 plan.tensors,
                 plan.config,
@@ -506,7 +549,92 @@ def fused_stack(model: GPT, memo: RotaryMemo) -> Callable[..., Tensor]:
             layer_cache.length += 1
         return x
 
-    return run_layers
+    def _embedding(self, ids: Tensor) -> tuple[Tensor, float, Tensor | None] | None:
+        """(token table, scale, learned position table or None) when the model's embedding of
+        one new token per row is a plain lookup the C++ step makes, else ``None``."""
+        model = self.model
+        tok, pos, drop = model.tok_embed, model.pos_encoding, model.dropout
+        if not (
+            ids.dim() == 2
+            and ids.shape[1] == 1
+            and ids.dtype == torch.int64
+            and ids.is_cpu
+            and type(tok) is TokenEmbedding
+            and type(pos) in _PLAIN_POSITIONS
+            and model.embed_norm is None
+            and (not drop.training or drop.p == 0)
+            and pos.activation_hook is None
+            and not (tok._forward_hooks or tok._forward_pre_hooks)
+            and not (drop._forward_hooks or drop._forward_pre_hooks)
+        ):
+            return None
+        table = tok.weight
+        if not (table.dtype == torch.float32 and table.is_cpu and table.is_contiguous()):
+            return None
+        if type(pos) is not LearnedPositionalEmbedding:
+            return table, tok.scale, None
+        pe = cast(LearnedPositionalEmbedding, pos).weight
+        if not (pe.dtype == torch.float32 and pe.is_cpu and pe.is_contiguous()):
+            return None
+        return table, tok.scale, pe
+
+    def hidden_states(
+        self,
+        ids: Tensor,
+        *,
+        mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        """``GPT.hidden_states``, the whole step in one call where it applies (class doc)."""
+        model = self.model
+        embedding = None
+        if mask is None and positions is None and cache is not None:
+            embedding = self._embedding(ids)
+        if embedding is not None and cache is not None:
+            offset = cache.seq_len
+            # past the learned table: the class's own path raises its error
+            if embedding[2] is None or offset < model.config.max_seq_len:
+                caches = self.caches_for(cache, ids.shape[0])
+                g = self.guard
+                if (
+                    caches is not None
+                    and g is not None
+                    and g.stack is not None
+                    and g.final_ok
+                    and not any(g.final_hooks)
+                ):
+                    lengths = [c.length for c in caches]
+                    rotary = g.plans[0].rotary
+                    cos = sin = None
+                    if rotary is not None and min(lengths) == max(lengths):
+                        cos, sin = self.memo.cos_sin(
+                            rotary, positions_for(1, caches[0], ids.device)
+                        )
+                    if rotary is None or cos is not None:
+                        table, scale, pe = embedding
+                        x = self.decode_step(
+                            ids,
+                            table,
+                            scale,
+                            pe,
+                            offset,
+                            g.stack,
+                            [c.k for c in caches],
+                            [c.v for c in caches],
+                            lengths,
+                            cos,
+                            sin,
+                        )
+                        for c in caches:
+                            c.length += 1
+                        return cast(Tensor, x)
+        return GPT.hidden_states(model, ids, mask=mask, positions=positions, cache=cache)
+
+
+def fused_stack(model: GPT, memo: RotaryMemo) -> FusedStack:
+    """The :class:`FusedStack` of ``model`` (``memo``: the model's RoPE cos and sin per step)."""
+    return FusedStack(model, memo)
 
 
 def active_plan(layer: nn.Module) -> LayerPlan | None:
@@ -516,6 +644,7 @@ def active_plan(layer: nn.Module) -> LayerPlan | None:
 
 
 __all__ = [
+    "FusedStack",
     "LayerPlan",
     "RotaryMemo",
     "active_plan",

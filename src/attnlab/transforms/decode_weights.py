@@ -426,8 +426,11 @@ def decode_layout(model: nn.Module, rows: int) -> Iterator[None]:
                     fused += 1
             if fused and isinstance(model, GPT):
                 # a GPT's layers back to back when all of them take their fused step
-                _patch(model, "run_layers", fused_stack(model, memo))
-                patched.append((model, "run_layers"))
+                # (and, where the embedding and final norm allow, the whole step in one call)
+                whole = fused_stack(model, memo)
+                _patch(model, "run_layers", whole.run_layers)
+                _patch(model, "hidden_states", whole.hidden_states)
+                patched += [(model, "run_layers"), (model, "hidden_states")]
         with watch_registrations():
             yield
     finally:

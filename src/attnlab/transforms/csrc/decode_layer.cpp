@@ -36,6 +36,7 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -465,22 +466,94 @@ struct DecodeStack : torch::CustomClassHolder {
                 TENSORS, ", ", CONFIGS, ", ", FLOATS, ")");
   }
   int64_t size() const { return layers; }
+
+  // The model's norm after the last layer (decode_step applies it): kind 0 LayerNorm, 1 RMSNorm.
+  Opt final_w, final_b;
+  int64_t final_kind = -1;
+  double final_eps = 0;
+  void set_final_norm(const Opt& w, const Opt& b, int64_t kind, double eps) {
+    TORCH_CHECK(kind == 0 || (kind == 1 && w.has_value()), "decode_layer: final norm kind ",
+                kind, ": expected 0 (LayerNorm) or 1 (RMSNorm, with its weight)");
+    final_w = w;
+    final_b = b;
+    final_kind = kind;
+    final_eps = eps;
+  }
 };
 
-at::Tensor stack_step(const at::Tensor& x, const c10::intrusive_ptr<DecodeStack>& stack,
-                      const std::vector<at::Tensor>& cache_k, const std::vector<at::Tensor>& cache_v,
-                      const std::vector<int64_t>& lengths, const Opt& cos, const Opt& sin) {
-  const int64_t L = stack->layers;
+at::Tensor run_stack(at::Tensor h, const DecodeStack& stack, const std::vector<at::Tensor>& cache_k,
+                     const std::vector<at::Tensor>& cache_v, const std::vector<int64_t>& lengths,
+                     const Opt& cos, const Opt& sin) {
+  const int64_t L = stack.layers;
   TORCH_CHECK(static_cast<int64_t>(cache_k.size()) == L &&
                   static_cast<int64_t>(cache_v.size()) == L &&
                   static_cast<int64_t>(lengths.size()) == L,
               "decode_layer: ", L, " layers need ", L, " key caches, value caches and lengths; got ",
               cache_k.size(), ", ", cache_v.size(), ", ", lengths.size());
-  at::Tensor h = x;
   for (int64_t i = 0; i < L; ++i)
-    h = step(h, stack->tensors.data() + i * TENSORS, stack->config.data() + i * CONFIGS,
-             stack->floats.data() + i * FLOATS, cache_k[i], cache_v[i], lengths[i], cos, sin);
+    h = step(h, stack.tensors.data() + i * TENSORS, stack.config.data() + i * CONFIGS,
+             stack.floats.data() + i * FLOATS, cache_k[i], cache_v[i], lengths[i], cos, sin);
   return h;
+}
+
+at::Tensor stack_step(const at::Tensor& x, const c10::intrusive_ptr<DecodeStack>& stack,
+                      const std::vector<at::Tensor>& cache_k, const std::vector<at::Tensor>& cache_v,
+                      const std::vector<int64_t>& lengths, const Opt& cos, const Opt& sin) {
+  return run_stack(x, *stack, cache_k, cache_v, lengths, cos, sin);
+}
+
+// A GPT's whole decoding step up to its final norm, for one new token per sequence:
+//   x = tok_embed(ids) (* scale) (+ pos_table[position]);  x = layers(x);  x = final_norm(x)
+// ids (B, 1) int64 (any strides); tok (V, E) and pos (P, E) float32 contiguous. The ids and the
+// position are checked as TokenEmbedding and LearnedPositionalEmbedding check them (ValueError).
+at::Tensor decode_step(const at::Tensor& ids, const at::Tensor& tok, double scale, const Opt& pos,
+                       int64_t position, const c10::intrusive_ptr<DecodeStack>& stack,
+                       const std::vector<at::Tensor>& cache_k,
+                       const std::vector<at::Tensor>& cache_v, const std::vector<int64_t>& lengths,
+                       const Opt& cos, const Opt& sin) {
+  TORCH_CHECK(ids.dim() == 2 && ids.size(1) == 1 && ids.scalar_type() == at::kLong &&
+                  ids.device().is_cpu(),
+              "decode_layer: ids must be a (B, 1) int64 CPU tensor");
+  TORCH_CHECK(tok.dim() == 2 && tok.scalar_type() == at::kFloat && tok.is_contiguous() &&
+                  tok.device().is_cpu(),
+              "decode_layer: the token embedding must be a contiguous float32 (V, E) CPU tensor");
+  const int64_t B = ids.size(0), V = tok.size(0), E = tok.size(1);
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const int64_t sid = ids.stride(0);
+  int64_t lo = id[0], hi = id[0];
+  for (int64_t b = 1; b < B; ++b) {
+    lo = std::min(lo, id[b * sid]);
+    hi = std::max(hi, id[b * sid]);
+  }
+  TORCH_CHECK_VALUE(lo >= 0 && hi < V, "token id ", lo < 0 ? lo : hi,
+                    " is outside the vocabulary [0, ", V, ")");
+  const float* pe = nullptr;
+  if (pos.has_value()) {
+    TORCH_CHECK(pos->dim() == 2 && pos->size(1) == E && pos->scalar_type() == at::kFloat &&
+                    pos->is_contiguous() && pos->device().is_cpu(),
+                "decode_layer: the position table must be a contiguous float32 (P, E) CPU tensor");
+    TORCH_CHECK_VALUE(position >= 0 && position < pos->size(0), "position ", position,
+                      " is outside the learned table of max_seq_len=", pos->size(0));
+    pe = pos->data_ptr<float>() + position * E;
+  }
+  at::Tensor x = at::empty({B, 1, E}, tok.options());
+  float* xp = x.data_ptr<float>();
+  const float* table = tok.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  for (int64_t b = 0; b < B; ++b) {
+    const float* row = table + id[b * sid] * E;
+    float* out = xp + b * E;
+    if (sc != 1.f)
+      for (int64_t e = 0; e < E; ++e) out[e] = row[e] * sc;
+    else
+      std::memcpy(out, row, sizeof(float) * static_cast<size_t>(E));
+    if (pe != nullptr) add_into(out, pe, out, E);
+  }
+  at::Tensor h = run_stack(x, *stack, cache_k, cache_v, lengths, cos, sin);
+  if (stack->final_kind < 0) return h;
+  at::Tensor y = at::empty({B, 1, E}, tok.options());
+  norm_into(h, B, E, stack->final_kind, stack->final_w, stack->final_b, stack->final_eps, y);
+  return y;
 }
 
 }  // namespace
@@ -488,7 +561,8 @@ at::Tensor stack_step(const at::Tensor& x, const c10::intrusive_ptr<DecodeStack>
 TORCH_LIBRARY_FRAGMENT(attnlab_decode, m) {
   m.class_<DecodeStack>("DecodeStack")
       .def(torch::init<const c10::List<Opt>&, std::vector<int64_t>, std::vector<double>>())
-      .def("size", &DecodeStack::size);
+      .def("size", &DecodeStack::size)
+      .def("set_final_norm", &DecodeStack::set_final_norm);
   m.def(
       "layer_step(Tensor x, Tensor?[] tensors, int[] config, float[] floats, Tensor cache_k, "
       "Tensor cache_v, int length, Tensor? cos=None, Tensor? sin=None) -> Tensor");
@@ -496,9 +570,14 @@ TORCH_LIBRARY_FRAGMENT(attnlab_decode, m) {
       "stack_step(Tensor x, __torch__.torch.classes.attnlab_decode.DecodeStack stack, "
       "Tensor[] cache_k, Tensor[] cache_v, int[] lengths, Tensor? cos=None, Tensor? sin=None) "
       "-> Tensor");
+  m.def(
+      "decode_step(Tensor ids, Tensor tok_embed, float scale, Tensor? pos_table, int position, "
+      "__torch__.torch.classes.attnlab_decode.DecodeStack stack, Tensor[] cache_k, "
+      "Tensor[] cache_v, int[] lengths, Tensor? cos=None, Tensor? sin=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(attnlab_decode, CPU, m) {
   m.impl("layer_step", &layer_step);
   m.impl("stack_step", &stack_step);
+  m.impl("decode_step", &decode_step);
 }
