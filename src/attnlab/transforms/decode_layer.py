@@ -1,25 +1,27 @@
-"""One call per decoder layer and decoded token, for quantized decoders (see
+"""One call per decoder layer and decoded token, or per whole step, for quantized decoders (see
 :func:`attnlab.transforms.decode_weights.decode_layout`).
 
 At one token per sequence a quantized GPT-2-small layer is seven kernel calls of a few hundred
 microseconds and some twenty small operations (norms, head views, the KV-cache write, residual
 adds, the activation) of a few microseconds each, every one of them dispatched from Python; on
 issue 27's 2-core Xeon those small steps cost 3.3 ms per token, as much as the int4 products.
-``csrc/decode_layer.cpp`` runs a whole layer's step in C++: the same ATen functions the modules
-call, in the same order, with attnlab's int8/int4 and decode-attention kernels, so the result is
-bit for bit the modules' (tests/transforms/test_decode_layer.py).
+``csrc/decode_layer.cpp`` runs a whole layer's step in C++ with attnlab's int8/int4 and
+decode-attention kernels, computing what the modules compute in the same order, so the result is
+bit for bit the modules' (to 1e-5 with the exact GELU; tests/transforms/test_decode_layer.py).
 
 :func:`layer_plan` describes a layer for that operator, or returns ``None`` when the layer is
 not one it covers: a :class:`~attnlab.layers.blocks.DecoderLayer` without cross-attention,
 attnlab's ``LayerNorm`` or ``RMSNorm``, a :class:`~attnlab.layers.feedforward.FeedForward` (plain
-or gated), an ``sdpa`` self-attention (RoPE or none) whose q/k/v are joined in a
-:class:`~attnlab.transforms.decode_weights.QuantizedStack`, and an output projection and FFN of
-int8/int4 layers run by attnlab's kernels. :func:`fused_forward` is the layer's ``forward`` while
+or gated), an ``sdpa`` self-attention (RoPE or none) whose q/k/v can be joined in a
+:class:`~attnlab.transforms.decode_weights.QuantizedStack` (the step reads q, k and v from their
+own layers), and an output projection and FFN of int8/int4 layers run by attnlab's kernels.
+:func:`fused_forward` is the layer's ``forward`` while
 :func:`~attnlab.transforms.decode_weights.decode_layout` is active: a step it covers (one new
 token per sequence, no mask, autograd off, no hooks, a plain cache with room, no active dropout)
-runs as one call; anything else runs the modules as before. :func:`fused_stack` is a GPT's
-``run_layers`` meanwhile: when every layer would take its fused step it checks them all first and
-then makes the calls back to back, with no Python between them (else the class's own loop).
+runs as one call; anything else runs the modules as before. A :class:`FusedStack` gives a GPT its
+``run_layers`` and ``hidden_states`` meanwhile: when every layer would take its fused step, the
+stack is one call (and with a plain embedding and final norm, the whole step from token ids to
+the final norm); else the class's own.
 
 Shapes: x ``(B, 1, E)`` -> ``(B, 1, E)``; the cache ``(B, H_kv, L, D)`` gains position
 ``length``.

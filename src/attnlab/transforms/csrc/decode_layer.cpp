@@ -3,27 +3,33 @@
 //
 //   pre-norm:  x = x + Attn(Norm1(x));  x = x + FFN(Norm2(x))
 //   post-norm: x = Norm1(x + Attn(x));  x = Norm2(x + FFN(x))
-//   Attn(h) = softmax(scale · q K^T) V W_out (+ b),  q, k, v = h W_qkv (+ b) split into heads,
-//             the new k, v written into the KV cache at position `length` first
+//   Attn(h) = softmax(scale · q K^T) V W_out (+ b),  q, k, v = h W_q, h W_k, h W_v (+ b) split
+//             into heads, the new k, v written into the KV cache at position `length` first
 //   FFN(h)  = act(h W_up) W_down,  or  (act(h W_gate) * h W_up) W_down (gated variants)
 //
-// Why this file exists: at one token per sequence, GPT-2 small's twelve layers are ~50 matrix
+// and (stack_step, decode_step) a whole GPT stack's step, with the token and position look-ups
+// before it and the final norm after it.
+//
+// Why this file exists: at one token per sequence, GPT-2 small's twelve layers are ~70 matrix
 // products of a few hundred microseconds each and ~250 small operations (norms, views, the
 // cache write, the residual adds, the activation) of a few microseconds each, and every one of
-// those goes through Python and PyTorch's dispatcher: measured on issue 27's 2-core Xeon, a
+// those went through Python and PyTorch's dispatcher: measured on issue 27's 2-core Xeon, a
 // quantized GPT-2 token spent 3.3 ms outside the products (with them stubbed out), as much as
-// the int4 products themselves. Here a layer is one call: the products are attnlab's kernels
-// (woq_gemm.cpp), the attention is decode_attention.cpp's, and everything else is the same ATen
-// function the Python modules call (at::layer_norm, at::gelu, ...), in the same order, on the
-// same operands, so the step is bit for bit what the modules compute (tests/transforms/
-// test_decode_layer.py holds it to torch.equal).
+// the int4 products themselves. Inside a step even a dispatcher call from C++ is slow: its code
+// and data are evicted by the weights streamed before it (after an 8 MB sweep, at::layer_norm of
+// 768 floats took 29 us, at::gelu of 3072 floats 72 us, an at::empty 15 us). So the products are
+// attnlab's kernels (woq_gemm.cpp) and the attention decode_attention.cpp's, writing into a
+// reused workspace; LayerNorm is ATen's own kernel called through its dispatch stub; GELU, the
+// adds and the look-ups are computed here. The step is bit for bit what the modules compute
+// (tests/transforms/test_decode_layer.py holds it to torch.equal), except the exact (erf) GELU:
+// F.gelu's (oneDNN's) and this file's differ in the last bits (within 1e-5 of the modules).
 //
 // What it takes (decode_layer.py checks all of it and otherwise leaves the layer to its
 // modules): one query per sequence (x (B, 1, E) float32 contiguous on the CPU), no mask, RoPE
 // or no rotary positions (cos and sin of the step come from Python, computed as the rotary
 // module computes them), a plain (unwindowed) cache with room for one more position, every
-// projection an int8 or int4 layer run by attnlab's kernels (q/k/v joined into one), LayerNorm
-// or RMSNorm, and relu / gelu / gelu_tanh / silu (plain or gated).
+// projection an int8 or int4 layer run by attnlab's kernels, LayerNorm or RMSNorm, and relu /
+// gelu / gelu_tanh / silu (plain or gated).
 
 // The stub of ATen's LayerNorm kernel declares its per-instruction-set kernels only where these
 // are defined (they are for the x86 builds of torch; nothing else in ATen's headers reads them).
