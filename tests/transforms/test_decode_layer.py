@@ -411,6 +411,19 @@ def test_the_whole_step_is_one_call_where_the_embedding_allows() -> None:
                 assert used == ["stack_step"] * 3, (overrides, module)
                 assert torch.equal(hooked_logits, whole)
                 used.clear()
+    model = quantize(_gpt(n_layers=2), "int8")
+    model.tok_embed.scale = 1.7  # a scaled embedding (BERT-style): scaled in the step too
+    ids = torch.randint(0, 50, (2, 4))
+    with torch.inference_mode():
+        plain, plain_tokens = _step_logits(model, ids, 3)
+        used.clear()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ops, "decode_step", spy("decode_step"))
+            with decode_layout(model, rows=2):
+                scaled, scaled_tokens = _step_logits(model, ids, 3)
+    assert used == ["decode_step"] * 3
+    assert torch.equal(scaled_tokens, plain_tokens)
+    torch.testing.assert_close(scaled, plain, atol=2e-5, rtol=0)
     model = quantize(_gpt(n_layers=2, max_seq_len=6), "int8")
     with torch.inference_mode(), decode_layout(model, rows=1):
         cache = model.new_cache(8)
