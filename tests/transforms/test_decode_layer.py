@@ -69,6 +69,7 @@ CONFIGS = [
     pytest.param("int4", {"n_kv_heads": 2, "activation": "gelu"}, id="gqa-gelu"),
     pytest.param("int8", {"activation": "silu", "n_kv_heads": 1}, id="mqa-silu"),
     pytest.param("int4", {"activation": "gelu_tanh"}, id="gpt2-gelu-tanh"),  # GPT-2's own
+    pytest.param("int4", {"bias": False}, id="layernorm-without-bias"),
     pytest.param("int8", {"activation": "gelu_tanh", "d_ff": 100}, id="gelu-tanh-odd-width"),
     pytest.param("int4", {"activation": "geglu", "norm": "rmsnorm"}, id="rms-geglu"),
     pytest.param(
