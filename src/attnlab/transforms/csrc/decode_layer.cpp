@@ -16,13 +16,14 @@
 // those went through Python and PyTorch's dispatcher: measured on issue 27's 2-core Xeon, a
 // quantized GPT-2 token spent 3.3 ms outside the products (with them stubbed out), as much as
 // the int4 products themselves. Inside a step even a dispatcher call from C++ is slow: its code
-// and data are evicted by the weights streamed before it (after an 8 MB sweep, at::layer_norm of
-// 768 floats took 29 us, at::gelu of 3072 floats 72 us, an at::empty 15 us). So the products are
-// attnlab's kernels (woq_gemm.cpp) and the attention decode_attention.cpp's, writing into a
-// reused workspace; LayerNorm is ATen's own kernel called through its dispatch stub; GELU, the
-// adds and the look-ups are computed here. The step is bit for bit what the modules compute
-// (tests/transforms/test_decode_layer.py holds it to torch.equal), except the exact (erf) GELU:
-// F.gelu's (oneDNN's) and this file's differ in the last bits (within 1e-5 of the modules).
+// and data are evicted by the weights streamed before it (after an 8 MB sweep, at::layer_norm
+// of 768 floats took 29-31 us, at::gelu of 3072 floats 66-72 us, an at::empty 15 us). So the
+// products are attnlab's kernels (woq_gemm.cpp) and the attention decode_attention.cpp's,
+// writing into a reused workspace; LayerNorm is ATen's own kernel called through its dispatch
+// stub; GELU, the adds and the look-ups are computed here. The step is bit for bit what the
+// modules compute (tests/transforms/test_decode_layer.py holds it to torch.equal), except the
+// exact (erf) GELU: F.gelu's (oneDNN's) and this file's differ in the last bits (within 1e-5 of
+// the modules).
 //
 // What it takes (decode_layer.py checks all of it and otherwise leaves the layer to its
 // modules): one query per sequence (x (B, 1, E) float32 contiguous on the CPU), no mask, RoPE
@@ -133,7 +134,8 @@ void apply(const QLinear& l, const float* x, int64_t M, float* y, int64_t ldy = 
 // step allocates only the tensor it returns. Why: inside a step every small ATen call (a norm,
 // an add, an allocation, a view) runs with its code and data evicted by the megabytes of
 // weights streamed before it; measured on issue 27's 2-core Xeon after an 8 MB sweep,
-// at::layer_norm of 768 floats took 29 us, at::gelu of 3072 floats 72 us, an at::empty 15 us.
+// at::layer_norm of 768 floats took 29-31 us, at::gelu of 3072 floats 66-72 us, an at::empty
+// 15 us.
 struct Workspace {
   at::Tensor h, p, a, o, y, f, up, gate, down, mean, rstd;
 };
@@ -230,9 +232,10 @@ void gelu_inplace(float* x, int64_t n) {
 // GELU's tanh form, 0.5 x (1 + tanh(b (x + k x^3))), as ATen's vectorized CPU kernel computes it
 // (the same operations in the same order, with the same SLEEF tanh that torch ships; torch's
 // build contracts x + k x^3 into one fused multiply-add), so bit for bit at::gelu(x, "tanh")
-// (tests/transforms/test_decode_layer.py holds it to torch.equal) wherever ATen's kernel takes its vector path for every element: its
-// instruction set's loop handles 2 vectors at a time and leaves the rest of each thread's chunk
-// to a scalar tanh (gelu_tanh_inplace checks that there is no such rest).
+// (tests/transforms/test_decode_layer.py holds it to torch.equal) wherever ATen's kernel takes
+// its vector path for every element: its instruction set's loop handles 2 vectors at a time and
+// leaves the rest of each thread's chunk to a scalar tanh (gelu_tanh_inplace checks that there
+// is no such rest).
 extern "C" __m256 Sleef_tanhf8_u10(__m256);
 constexpr float kGeluBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5);
 constexpr float kGeluKappa = static_cast<float>(0.044715);
