@@ -14,7 +14,10 @@ for-loop is several times slower on CPU, see the optimizer table), dropout off, 
 - ``x-transformers``: ``TransformerWrapper(Decoder(...))`` with flash (SDPA) attention and a tied
   head (skipped, with the reason, when the package is not installed: ``pip install .[bench]``);
 - ``torch.nn``: a GPT made of ``nn.TransformerEncoder`` (pre-norm, GELU, causal mask);
-- ``--compile`` adds ``torch.compile`` rows for attnlab and the minimal GPT;
+- ``--compile`` adds ``torch.compile`` rows for attnlab and the minimal GPT, and two more for
+  attnlab: Inductor's C++ wrapper (``cpp_wrapper``: the compiled graph called from C++, not
+  Python) and Inductor leaving GELU and LayerNorm to ATen's kernels
+  (:func:`inductor_with_aten_kernels`);
 - ``--breakdown`` profiles every row once more and reports the time per step inside ATen's
   extern kernels (matrix products, attention, fused AdamW), which ``torch.compile`` calls as
   they are: with it, the most a compiled step can gain over another step (issue 26).
@@ -218,12 +221,40 @@ def build_torch_nn(s: Shape) -> tuple[nn.Module, LossFn]:
     return model, lambda x, y: _lm_loss(model(x), y)
 
 
-def compiled(build: Callable[[Shape], tuple[nn.Module, LossFn]]) -> Callable[..., Any]:
+def compiled(
+    build: Callable[[Shape], tuple[nn.Module, LossFn]], **options: Any
+) -> Callable[..., Any]:
     def make(s: Shape) -> tuple[nn.Module, LossFn]:
         model, loss_fn = build(s)
-        return model, torch.compile(loss_fn)
+        return model, torch.compile(loss_fn, **options)
 
     return make
+
+
+def inductor_with_aten_kernels(gm: torch.fx.GraphModule, example_inputs: list[Tensor]) -> Any:
+    """A ``torch.compile`` backend: Inductor without its decompositions of GELU and LayerNorm
+    (forward and backward), so that ATen's own kernels (oneDNN's GELU) run them inside the
+    compiled graph as extern calls, where Inductor would generate fused C++ loops (issue 26:
+    does a faster GELU or LayerNorm kernel shorten the compiled step?)."""
+    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.decomposition import select_decomp_table
+
+    aten = torch.ops.aten
+    keep = {
+        aten.gelu.default,
+        aten.gelu_backward.default,
+        aten.native_layer_norm.default,
+        aten.native_layer_norm_backward.default,
+    }
+    table = {op: fn for op, fn in select_decomp_table().items() if op not in keep}
+    # the caches' keys leave out the decompositions: a cached default compile would come back
+    with torch._functorch.config.patch(enable_autograd_cache=False):
+        return compile_fx(
+            gm, example_inputs, decompositions=table, config_patches={"fx_graph_cache": False}
+        )
+
+
+CPP_WRAPPER_ROW = "attnlab (compiled; C++ wrapper)"  # not profiled by --breakdown (see below)
 
 
 def competitors(args: argparse.Namespace) -> dict[str, Callable[[Shape], tuple[nn.Module, LossFn]]]:
@@ -240,6 +271,13 @@ def competitors(args: argparse.Namespace) -> dict[str, Callable[[Shape], tuple[n
     if args.compile:
         rows["attnlab (compiled)"] = compiled(lambda s: build_attnlab(s, "gelu"))
         rows["minimal GPT (compiled)"] = compiled(build_minimal)
+        rows[CPP_WRAPPER_ROW] = compiled(
+            lambda s: build_attnlab(s, "gelu"),
+            options={"cpp_wrapper": True},
+        )
+        rows["attnlab (compiled; ATen GELU and LayerNorm)"] = compiled(
+            lambda s: build_attnlab(s, "gelu"), backend=inductor_with_aten_kernels
+        )
     if args.rows:
         wanted = [r.strip() for r in args.rows.split(",")]
         unknown = [r for r in wanted if r not in rows]
@@ -347,6 +385,8 @@ def bench_shape(name: str, s: Shape, args: argparse.Namespace, ceiling: float) -
         )
     if args.breakdown:
         for row in rows:
+            if row["implementation"] == CPP_WRAPPER_ROW:
+                continue  # its C++ wrapper calls ATen's kernels past the profiler
             trainee = trainees[row["implementation"]]
             row["kernels_ms"] = kernel_breakdown(trainee, x, y, max(args.steps, 3))
     base = next((row["step_ms"] for row in rows if row["implementation"] == "attnlab"), None)
