@@ -65,8 +65,8 @@ from attnlab.analysis.attention_bench import describe_machine, machine_info
 from attnlab.analysis.flops import forward_flops
 from attnlab.analysis.measure import count_flops
 from attnlab.analysis.params import count_params
+from attnlab.data.cifar10 import CLASSES, Cifar10
 from attnlab.models.vit import ViTConfig
-from attnlab.training.cifar10 import CLASSES, Cifar10
 from attnlab.training.metrics import read_metrics
 from attnlab.training.recipes import Prepared, prepare, train_recipe
 from attnlab.training.recipes.cifar10 import evaluate_split

@@ -65,8 +65,8 @@ def load_models(
         g = torch.Generator().manual_seed(1)
         prompts = [torch.randint(0, 65, (args.prompt_len,), generator=g) for _ in range(2)]
         return target.eval(), drafts, prompts, {"source": "random (smoke)"}
+    from attnlab.data.text import load_text
     from attnlab.tokenizers import load_tokenizer
-    from attnlab.training.data import load_text
     from attnlab.training.rundir import find_tokenizer, resolve_model_directory
 
     models = []

@@ -166,7 +166,7 @@ def test_a_damaged_multi30k_gz_is_named(tmp_path: Path, damage: str) -> None:
 
 
 def test_a_truncated_cifar10_npz_is_named(tmp_path: Path) -> None:
-    from attnlab.training.cifar10 import load_cifar10
+    from attnlab.data.cifar10 import load_cifar10
 
     d = tmp_path / "cifar10"
     d.mkdir()

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnlab.data.text import TokenStream
 from attnlab.models import GPT, GPTConfig
 from attnlab.training.config import TrainConfig
-from attnlab.training.data import TokenStream
 from attnlab.training.objectives import CausalLMObjective
 from attnlab.training.rundir import RunDirError
 from attnlab.training.trainer import Trainer

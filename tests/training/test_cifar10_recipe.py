@@ -16,8 +16,8 @@ import torch
 
 from attnlab.cli import main
 from attnlab.cli.train import recipe_types
+from attnlab.data.cifar10 import FILES, MANIFEST, sha256_file
 from attnlab.training import Trainer
-from attnlab.training.cifar10 import FILES, MANIFEST, sha256_file
 from attnlab.training.image_objective import AugmentedImageStream
 from attnlab.training.recipes import get_recipe, load_run, prepare, train_recipe
 from attnlab.training.recipes.cifar10 import TRANSFORMER_TRAIN, evaluate_split

@@ -37,9 +37,9 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 
 from attnlab.cli import main
+from attnlab.data.text import TokenStream
 from attnlab.models import GPT, GPTConfig
 from attnlab.training.config import TrainConfig
-from attnlab.training.data import TokenStream, shard_batch
 from attnlab.training.distributed import DistributedContext, rank_seed
 from attnlab.training.objectives import CausalLMObjective
 from attnlab.training.trainer import Trainer
@@ -142,22 +142,6 @@ def ddp_run(root: Path) -> tuple[subprocess.CompletedProcess[str], float]:
 
 
 # -- in-process pieces ---------------------------------------------------------------------------
-
-
-def test_shard_batch_gives_disjoint_slices_that_make_up_the_batch() -> None:
-    x, y = torch.arange(24).view(6, 4), torch.arange(6)
-    parts = [shard_batch((x, y), rank, 3) for rank in range(3)]
-    assert all(p[0].shape == (2, 4) and p[1].shape == (2,) for p in parts)
-    assert torch.equal(torch.cat([p[0] for p in parts]), x)
-    assert torch.equal(torch.cat([p[1] for p in parts]), y)
-    assert shard_batch({"x": x}, 1, 2)["x"].tolist() == x[3:].tolist()
-    assert shard_batch(x, 0, 1) is x
-    with pytest.raises(ValueError, match="6 rows cannot be split evenly over 4"):
-        shard_batch((x, y), 0, 4)
-    with pytest.raises(ValueError, match="rank must be in"):
-        shard_batch(x, 2, 2)
-    with pytest.raises(TypeError, match="type str"):
-        shard_batch(("text",), 0, 2)
 
 
 def test_global_batch_must_divide_over_the_processes() -> None:

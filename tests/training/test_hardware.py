@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from attnlab.cli import main
+from attnlab.data.text import TokenStream
 from attnlab.layers.attention_backends import math_attention
 from attnlab.models import GPT, GPTConfig
 from attnlab.training.config import TrainConfig
-from attnlab.training.data import TokenStream
 from attnlab.training.hardware import Precision, resolve_device
 from attnlab.training.objectives import CausalLMObjective
 from attnlab.training.recipes import prepare, train_recipe

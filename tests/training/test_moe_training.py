@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import torch
 
+from attnlab.data.text import TokenStream
 from attnlab.layers.moe import MoEFeedForward
 from attnlab.layers.moe_stats import collect_moe_stats
 from attnlab.models import GPT, GPTConfig
 from attnlab.training.config import TrainConfig
-from attnlab.training.data import TokenStream
 from attnlab.training.objectives import CausalLMObjective
 from attnlab.training.recipes import prepare
 from attnlab.training.trainer import Trainer

@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from attnlab.data.text import TokenStream
 from attnlab.models import GPT, GPTConfig
 from attnlab.training import state as state_module
 from attnlab.training.config import TrainConfig
-from attnlab.training.data import TokenStream
 from attnlab.training.objectives import CausalLMObjective
 from attnlab.training.rundir import RunDirError, latest_checkpoint
 from attnlab.training.state import load_training_state

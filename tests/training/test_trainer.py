@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnlab.data.text import TokenStream
 from attnlab.models import GPT, GPTConfig
 from attnlab.training import TrainConfig as PublicTrainConfig
 from attnlab.training.config import TrainConfig
-from attnlab.training.data import TokenStream
 from attnlab.training.objectives import CausalLMObjective
 from attnlab.training.optim import classify_parameters, parameter_groups
 from attnlab.training.trainer import Callback, Trainer, clip_gradients

@@ -90,7 +90,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
 def cifar10_report(run: Any) -> dict[str, Any]:
     """``{split: SplitEvaluation}`` of a cifar10 run's whole validation and test splits."""
-    from attnlab.training.data import Split
+    from attnlab.data.common import Split
     from attnlab.training.recipes.cifar10 import evaluate_split
 
     splits: list[Split] = ["val", "test"]

@@ -7,20 +7,24 @@
 - the run directory (:mod:`~attnlab.training.rundir`), trainer state
   (:mod:`~attnlab.training.state`) and metrics (:mod:`~attnlab.training.metrics`): one layout
   and one schema for every recipe;
-- objectives and resumable data streams (:mod:`~attnlab.training.objectives`), data
-  (:mod:`~attnlab.training.data`), the reverse task (:mod:`~attnlab.training.tasks`);
+- objectives and resumable data streams (:mod:`~attnlab.training.objectives`) over the data
+  sets of :mod:`attnlab.data` (text, images, CIFAR-10, the synthetic tasks);
 - the recipes behind ``attnlab train <recipe>`` (:mod:`~attnlab.training.recipes`).
+
+``ArrayImageDataset``, ``TokenStream``, ``ReverseTask``, ``load_digits`` and ``load_text`` moved
+to :mod:`attnlab.data`, ``find_data_file`` is :mod:`attnlab.io`'s (issue 48): they still resolve
+here for one release, with a ``DeprecationWarning`` naming the new path.
 """
 
+from typing import Any
+
+import attnlab.io as _io
+from attnlab.data import images as _images
+from attnlab.data import reverse as _reverse
+from attnlab.data import text as _text
+from attnlab.training._moved import Moved, moved
 from attnlab.training.checkpointing import average_checkpoints
 from attnlab.training.config import TrainConfig
-from attnlab.training.data import (
-    ArrayImageDataset,
-    TokenStream,
-    find_data_file,
-    load_digits,
-    load_text,
-)
 from attnlab.training.losses import label_smoothed_cross_entropy
 from attnlab.training.metrics import MetricsLogger, read_metrics
 from attnlab.training.objectives import (
@@ -45,7 +49,6 @@ from attnlab.training.schedules import (
     warmup_cosine,
 )
 from attnlab.training.state import load_training_state, read_training_state
-from attnlab.training.tasks import ReverseTask
 from attnlab.training.trainer import (
     Callback,
     FitResult,
@@ -54,10 +57,24 @@ from attnlab.training.trainer import (
     clip_gradients,
 )
 
+# names that moved to attnlab.data (issue 48): the old path warns for one release
+_MOVED: Moved = {
+    "ArrayImageDataset": _images,
+    "ReverseTask": _reverse,
+    "TokenStream": _text,
+    "find_data_file": _io,
+    "load_digits": _images,
+    "load_text": _text,
+}
+
+
+def __getattr__(name: str) -> Any:
+    return moved(__name__, name, _MOVED)
+
+
 __all__ = [
     "RECIPES",
     "SCHEDULES",
-    "ArrayImageDataset",
     "Callback",
     "CausalLMObjective",
     "ClassificationObjective",
@@ -67,13 +84,11 @@ __all__ = [
     "MetricsLogger",
     "NonFiniteLossError",
     "Objective",
-    "ReverseTask",
     "RunDir",
     "RunDirError",
     "SampledStream",
     "Seq2SeqBatch",
     "Seq2SeqObjective",
-    "TokenStream",
     "TrainConfig",
     "Trainer",
     "average_checkpoints",
@@ -81,13 +96,10 @@ __all__ = [
     "build_scheduler",
     "clip_gradients",
     "constant",
-    "find_data_file",
     "label_smoothed_cross_entropy",
     "lambda_lr",
     "latest_checkpoint",
-    "load_digits",
     "load_run",
-    "load_text",
     "load_training_state",
     "make_schedule",
     "noam",

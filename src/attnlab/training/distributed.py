@@ -12,7 +12,7 @@ The trainer runs unchanged under ``torchrun --nproc_per_node=N -m attnlab train 
   parameters, gradients and optimizer state are sharded over the processes and a block's
   weights are gathered only while it runs.
 - Data: every process draws the same global batch from an identically seeded generator and
-  keeps its slice (:func:`attnlab.training.data.shard_batch`); the loss is normalised by the
+  keeps its slice (:func:`attnlab.data.batches.shard_batch`); the loss is normalised by the
   global number of loss terms, so N processes compute the gradient of exactly the batch one
   process would (up to float summation order).
 - Checkpoints hold the *full* state dict (gathered for FSDP) and the full optimizer state keyed

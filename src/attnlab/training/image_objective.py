@@ -1,9 +1,9 @@
 """Image classification with on-the-fly augmentation: the trainer's objective for CIFAR-10.
 
 :class:`AugmentedClassificationObjective` is :class:`~attnlab.training.objectives.
-ClassificationObjective` for data kept as uint8 (:class:`~attnlab.training.cifar10.Cifar10`):
+ClassificationObjective` for data kept as uint8 (:class:`~attnlab.data.cifar10.Cifar10`):
 a training batch is gathered as uint8, augmented and normalised on the fly
-(:func:`~attnlab.training.augment.augment_batch`), and its loss handles mixed labels,
+(:func:`~attnlab.data.augment.augment_batch`), and its loss handles mixed labels,
 ``λ·CE(y_a) + (1-λ)·CE(y_b)`` (label-smoothed, summed). Evaluation batches are the whole
 validation split in order, normalised, never augmented.
 
@@ -40,9 +40,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.training.augment import AugmentConfig, MixedBatch, augment_batch
-from attnlab.training.cifar10 import Cifar10
-from attnlab.training.data import Split
+from attnlab.data.augment import AugmentConfig, MixedBatch, augment_batch
+from attnlab.data.cifar10 import Cifar10
+from attnlab.data.common import Split
 from attnlab.training.losses import label_smoothed_cross_entropy
 from attnlab.training.moe import model_aux_loss
 from attnlab.training.objectives import LossTerms

@@ -21,7 +21,10 @@ length-bucketed token batches: the position is ``(epoch, batch)``).
 
 Objectives here: :class:`CausalLMObjective` (GPT), :class:`MaskedLMObjective` (BERT),
 :class:`ClassificationObjective` (ViT, CNN), :class:`Seq2SeqObjective` (the encoder-decoder:
-the reverse task, and with an :class:`EpochStream` translation).
+the reverse task, and with an :class:`EpochStream` translation). The data they draw from is
+:mod:`attnlab.data`'s (:class:`~attnlab.data.text.TokenStream`,
+:class:`~attnlab.data.images.ArrayImageDataset`; :class:`Seq2SeqBatch` is
+:class:`attnlab.data.batches.Seq2SeqBatch`, re-exported here).
 
 Shapes: B batch, T tokens, S source tokens, V vocabulary, K classes.
 """
@@ -30,13 +33,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
+from attnlab.data.batches import Seq2SeqBatch
+from attnlab.data.common import Split
+from attnlab.data.images import ArrayImageDataset
+from attnlab.data.text import TokenStream
 from attnlab.models.bert import mask_tokens
-from attnlab.training.data import ArrayImageDataset, Split, TokenStream
 from attnlab.training.losses import label_smoothed_cross_entropy
 from attnlab.training.moe import model_aux_loss
 
@@ -309,29 +315,6 @@ class ClassificationObjective(SampledObjective):
     def loss(self, model: nn.Module, batch: Any, *, label_smoothing: float) -> LossTerms:
         images, labels = batch
         return _terms(model(images), labels, -100, label_smoothing, model)
-
-
-class Seq2SeqBatch(NamedTuple):
-    """A padded batch of an encoder-decoder task.
-
-    Attributes:
-        src: ``(B, S)`` source ids. tgt: ``(B, T)`` decoder input (BOS + target[:-1]).
-        targets: ``(B, T)`` ids to predict (target + EOS), ``pad_id`` where padded.
-        src_mask: ``(B, S)`` bool, True for real source tokens.
-    """
-
-    src: Tensor
-    tgt: Tensor
-    targets: Tensor
-    src_mask: Tensor
-
-    def to(self, device: torch.device | str) -> Seq2SeqBatch:
-        """The same batch on ``device``."""
-        return Seq2SeqBatch(*(t.to(device) for t in self))
-
-    @property
-    def batch_size(self) -> int:
-        return int(self.src.shape[0])
 
 
 class Seq2SeqObjective:

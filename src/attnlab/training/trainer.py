@@ -43,9 +43,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnlab.data.batches import shard_batch
 from attnlab.training.checkpointing import TrainerCheckpoints
 from attnlab.training.config import TrainConfig
-from attnlab.training.data import shard_batch
 from attnlab.training.distributed import (
     DistributedContext,
     all_reduce_sum,

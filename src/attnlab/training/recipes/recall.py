@@ -3,7 +3,7 @@
 ``attnlab train recall --arch mamba --distance 64`` trains one of ``shakespeare-char``'s
 architectures (``classic``, ``modern``: the baby GPTs; ``mamba``, ``lstm``, ``gru``: the families
 before and after attention, at the same parameter count) on a task of
-:mod:`attnlab.training.recall`, selective copy (``--kind copy``) or associative recall (``--kind
+:mod:`attnlab.data.recall`, selective copy (``--kind copy``) or associative recall (``--kind
 associative``), whose answer is the token ``distance`` positions back. Its validation accuracy is
 the task's (chance: ``1/n_symbols``). The GPTs' context is the task's length; the vocabulary is
 the task's (65 by default, as Tiny Shakespeare's characters). Training: AdamW 1e-3, cosine with
@@ -20,17 +20,18 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from attnlab.config import Config, check_positive
+from attnlab.data.recall import RecallTask
 from attnlab.tokenizers import Tokenizer
 from attnlab.training.config import TrainConfig
 from attnlab.training.objectives import Objective
-from attnlab.training.recall import RecallObjective, RecallTask
+from attnlab.training.recall import RecallObjective
 from attnlab.training.recipes.base import RECIPES, Data, Recipe
 from attnlab.training.recipes.text import RECURRENT_ARCHS, arch_config
 
 
 @dataclass(frozen=True, kw_only=True)
 class RecallOptions(Config):
-    """The task (:class:`~attnlab.training.recall.RecallTask`'s fields) and the architecture."""
+    """The task (:class:`~attnlab.data.recall.RecallTask`'s fields) and the architecture."""
 
     kind: Literal["copy", "associative"] = "copy"
     distance: int = 16
@@ -47,7 +48,7 @@ class RecallOptions(Config):
         self.task()  # the task's own rules (alphabet sizes, length)
 
     def task(self) -> RecallTask:
-        """The :class:`~attnlab.training.recall.RecallTask` these options describe.
+        """The :class:`~attnlab.data.recall.RecallTask` these options describe.
 
         Raises:
             ValueError: for options the task refuses (see :class:`RecallTask`).

@@ -1,7 +1,7 @@
 """The reverse task: the first end-to-end run of the paper's encoder-decoder (§3, §5.3, §5.4).
 
 A small encoder-decoder learns to reverse random token sequences
-(:class:`~attnlab.training.tasks.ReverseTask`): Adam (β2 0.999: the paper's 0.98 gives recurring
+(:class:`~attnlab.data.reverse.ReverseTask`): Adam (β2 0.999: the paper's 0.98 gives recurring
 loss spikes on this tiny task) with eq. (3)'s warmup and peak, then a cosine to 0 (or eq. (3)
 throughout with ``schedule=noam``), label smoothing 0.1, no dropout. Evaluation: the validation
 loss and the exact match of greedy decoding (``attnlab.generate``) on 1,000 held-out sequences,
@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from attnlab.config import Config, check_positive
+from attnlab.data.reverse import ReverseTask
 from attnlab.generation import generate
 from attnlab.models.transformer import TransformerConfig
 from attnlab.tokenizers import Tokenizer
@@ -29,7 +30,6 @@ from attnlab.training.config import TrainConfig
 from attnlab.training.objectives import Objective, SampledStream, Seq2SeqBatch, Seq2SeqObjective
 from attnlab.training.recipes.base import RECIPES, Data, Recipe
 from attnlab.training.schedules import noam
-from attnlab.training.tasks import ReverseTask
 from attnlab.training.trainer import Callback, Trainer
 
 

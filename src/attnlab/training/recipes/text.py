@@ -13,7 +13,7 @@
   [MASK]), BERT's 15% / 80-10-10 masking rule; the metric is masked-token accuracy.
 
 The text is the file ``data`` names, else Tiny Shakespeare from the data folders
-(:func:`attnlab.training.data.find_data_file`); ``tokenizer=bpe`` trains a byte-level BPE of
+(:func:`attnlab.io.find_data_file`); ``tokenizer=bpe`` trains a byte-level BPE of
 ``bpe_vocab_size`` on the training split instead of the characters.
 """
 
@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from attnlab.config import Config, check_positive, check_probability
+from attnlab.data.text import TokenStream, load_text
 from attnlab.models.bert import BERTConfig
 from attnlab.models.gpt import GPTConfig
 from attnlab.models.mamba import PRESETS as MAMBA_PRESETS
 from attnlab.models.rnn import PRESETS as RNN_PRESETS
 from attnlab.tokenizers import BERT_SPECIALS, BPETokenizer, CharTokenizer, Tokenizer
 from attnlab.training.config import TrainConfig
-from attnlab.training.data import TokenStream, load_text
 from attnlab.training.objectives import CausalLMObjective, MaskedLMObjective, Objective
 from attnlab.training.recipes.base import RECIPES, Data, Recipe
 

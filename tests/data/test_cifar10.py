@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import attnlab.io as attnlab_io
-from attnlab.training.cifar10 import (
+from attnlab.data.cifar10 import (
     JPEG_COPY,
     MEAN,
     ORIGINAL,
@@ -30,7 +30,7 @@ from attnlab.training.cifar10 import (
     stratified_split,
     verify_cifar10,
 )
-from attnlab.training.cifar10_download import download_cifar10, read_batch
+from attnlab.data.cifar10_download import download_cifar10, read_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
