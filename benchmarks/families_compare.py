@@ -61,7 +61,7 @@ from attnlab.generation.recurrent import is_recurrent
 from attnlab.generation.request import eval_mode, open_session, prepare_request
 from attnlab.training import Trainer
 from attnlab.training.recipes import prepare, train_recipe
-from attnlab.transforms.decode_weights import decode_layout
+from attnlab.generation.engines import resolve_engine, runner_for
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FAMILIES = {"gpt": "classic", "gpt-modern": "modern", "mamba": "mamba", "lstm": "lstm",
@@ -292,8 +292,9 @@ def decode_case(model: Any, n: int, steps: int) -> tuple[list[float], int]:
     config = GenerationConfig(max_new_tokens=steps + 1, context="error")
     request = prepare_request(model, [prompt.tolist()], config)
     times = []
-    with eval_mode(model), decode_layout(model, 1), torch.inference_mode():
-        session = open_session(request)
+    engine = resolve_engine(model, "auto", rows=1, max_new_tokens=steps + 1)
+    with eval_mode(model), runner_for(model, engine, 1) as runner, torch.inference_mode():
+        session = open_session(request, runner=runner)
         logits = session.prefill()
         for _ in range(steps):
             token = logits.argmax(-1)

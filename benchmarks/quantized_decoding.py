@@ -9,7 +9,7 @@ decoding with EOS off (every run makes exactly the requested tokens); the compet
   :func:`attnlab.quantize`: ``int8`` / ``int4`` (linears; the tied LM head and embedding stay
   fp32), ``+head`` (the LM head quantized too: 31% of GPT-2 small's weights; the embedding keeps
   its fp32 table for look-ups, so the tie is broken). Their rows are float32 into attnlab's own
-  kernels (:mod:`attnlab.transforms.woq_kernels`, the default where they build);
+  kernels (:mod:`attnlab.kernels`, the default where they build);
   ``--with-bf16act`` adds ``-bf16act`` variants: bfloat16 rows into PyTorch's kernels
   (``aten._weight_int8pack_mm``, ``aten._weight_int4pack_mm_for_cpu``), the default before them;
 - transformers fp32 ``generate``;
@@ -56,9 +56,10 @@ import torch
 from torch import nn
 
 import attnlab
+from attnlab import kernels as woq_kernels
 from attnlab.analysis.attention_bench import describe_machine, machine_info
 from attnlab.generation import stream
-from attnlab.transforms import quantize, quantized_weight_bytes, woq_kernels
+from attnlab.transforms import quantize, quantized_weight_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from generation import _rotations, _StepClock, copy_bandwidth

@@ -22,8 +22,9 @@ Before an attnlab model is built, the parameter count its config implies is comp
 shapes in the safetensors header (:func:`check_param_count`; no tensor data is read), so a
 ``config.json`` edited to another size is refused instead of allocating the wrong model.
 
-Every model class also gets the Hugging Face-style conveniences ``Model.from_pretrained(path)``
-and ``model.save_pretrained(path)``, attached here (the model files know only their layers).
+Every model class has the Hugging Face-style conveniences ``Model.from_pretrained(path)`` and
+``model.save_pretrained(path)`` from its base class (:class:`attnlab.models.base.PretrainedModel`),
+which call the two functions of this module.
 
 A sharded or wrapped model (FSDP, DDP) is saved from its *full* state dict:
 ``save_pretrained(model, path, state_dict=full)``. Tied parameters are then written once, under the
@@ -36,16 +37,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_file, save_model
 from torch import Tensor, nn
 
-from attnlab.analysis.params import PARAM_FORMULAS, count_params
+from attnlab.analysis.params import count_params, has_closed_form
 from attnlab.config import config_to_dict
 from attnlab.interop.family import UnsupportedCheckpointError
 from attnlab.interop.hf import (
@@ -59,6 +61,7 @@ from attnlab.interop.hf import (
 from attnlab.interop.keymap import CheckpointMismatchError
 from attnlab.io import json_text, write_files_together
 from attnlab.models import MODEL_TYPES, build_model, config_from_json_dict
+from attnlab.models.base import IMPLEMENTATIONS
 from attnlab.transforms.quant_io import (
     is_quantized_dir,
     load_quantized,
@@ -75,9 +78,6 @@ WEIGHT_FILES = (WEIGHTS_NAME, SAFETENSORS_INDEX, BIN_NAME, BIN_INDEX)
 def holds_weights(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a model directory: weights in one of :data:`WEIGHT_FILES`."""
     return any((Path(path) / name).is_file() for name in WEIGHT_FILES)
-
-
-M = TypeVar("M", bound=nn.Module)
 
 
 # -- tied parameters ----------------------------------------------------------------------------
@@ -224,7 +224,7 @@ def safetensors_numel(file: str | os.PathLike[str], *, skip: tuple[str, ...] = (
 def implied_params(config: Any) -> int:
     """Parameters of the model ``config`` describes: the closed form where the analysis has
     one, else counted on a model built on the ``meta`` device (nothing is allocated)."""
-    if type(config) in PARAM_FORMULAS:
+    if has_closed_form(config):
         return count_params(config)
     return count_params(build_model(config, device="meta"))
 
@@ -283,7 +283,7 @@ def check_claimed_size(directory: Path, config: Any, weights: Mapping[str, Tenso
     Raises:
         CheckpointMismatchError: naming both counts and the config's sizes.
     """
-    if type(config) not in PARAM_FORMULAS:
+    if not has_closed_form(config):
         return
     stored = sum(t.numel() for t in weights.values())
     implied = count_params(config)
@@ -400,41 +400,22 @@ def check_finite_parameters(model: nn.Module, where: str | os.PathLike[str]) -> 
             )
 
 
-# -- the conveniences on every model class ------------------------------------------------------
+# -- the conveniences of every model class --------------------------------------------------------
 
-
-def _class_from_pretrained(
-    cls: type[M],
-    path: str | os.PathLike[str],
-    *,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype | None = None,
-    strict: bool = True,
-) -> M:
-    """Load a model directory (attnlab's or Hugging Face's format) as this class; arguments as
-    :func:`attnlab.from_pretrained`.
-
-    Raises:
-        TypeError: if the directory holds a different model class.
-    """
-    model = from_pretrained(path, device=device, dtype=dtype, strict=strict)
-    if not isinstance(model, cls):
-        raise TypeError(
-            f"{path} holds a {type(model).__name__}, not a {cls.__name__}; "
-            "use attnlab.from_pretrained to load any model"
-        )
-    return model
+# ``Model.from_pretrained`` and ``model.save_pretrained`` (attnlab.models.base) call these.
+IMPLEMENTATIONS.add("from_pretrained", from_pretrained)
+IMPLEMENTATIONS.add("save_pretrained", save_pretrained)
 
 
 def attach_methods(model_cls: type[nn.Module]) -> None:
-    """Give ``model_cls`` ``Model.from_pretrained(path)`` and ``model.save_pretrained(path)``
-    (done for every registered model type when this module is imported)."""
-    setattr(model_cls, "from_pretrained", classmethod(_class_from_pretrained))  # noqa: B010
-    setattr(model_cls, "save_pretrained", save_pretrained)  # noqa: B010
-
-
-for _model_type in MODEL_TYPES:
-    attach_methods(MODEL_TYPES.get(_model_type)[1])
+    """Deprecated, does nothing: every model class has ``from_pretrained`` and
+    ``save_pretrained`` from :class:`attnlab.models.base.PretrainedModel`; derive from it."""
+    warnings.warn(
+        "attnlab.pretrained.attach_methods is deprecated and does nothing: model classes get "
+        "from_pretrained/save_pretrained by deriving from attnlab.models.base.PretrainedModel",
+        DeprecationWarning,
+        stacklevel=2,
+    )
 
 
 __all__ = [

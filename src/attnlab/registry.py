@@ -55,6 +55,24 @@ class Registry(Generic[T]):
                 f"unknown {self.name} {key!r}; valid: {', '.join(sorted(self._items))}"
             ) from None
 
+    def find(self, key: str) -> T | None:
+        """The object registered under ``key``, or ``None``."""
+        return self._items.get(key)
+
+    def remove(self, key: str) -> T:
+        """Unregister ``key`` and return its object.
+
+        Raises:
+            ValueError: naming the unknown key and listing the valid ones.
+        """
+        obj = self.get(key)
+        del self._items[key]
+        return obj
+
+    def values(self) -> list[T]:
+        """The registered objects, in key order."""
+        return [self._items[k] for k in self.keys()]
+
     def keys(self) -> list[str]:
         """The registered keys, sorted."""
         return sorted(self._items)

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.models.bert import BERT
-from attnlab.models.gpt import GPT
+from attnlab.models.family import Kind, find_family
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -34,12 +33,18 @@ def mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
     return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)  # (B, E)
 
 
-def _hidden(model: nn.Module, ids: Tensor, mask: Tensor, type_ids: Tensor) -> Tensor:
-    if isinstance(model, BERT):
-        return model(ids, mask=mask, token_type_ids=type_ids).hidden  # (B, T, E)
-    if isinstance(model, GPT):
-        return model.hidden_states(ids, mask=mask)  # (B, T, E)
-    raise TypeError(f"embed needs a BERT or GPT model, got {type(model).__name__}")
+def _hidden(model: Any, ids: Tensor, mask: Tensor, type_ids: Tensor) -> Tensor:
+    """The token states ``(B, T, E)`` of an encoder or a causal LM (their kinds' protocols,
+    :mod:`attnlab.models.family`)."""
+    family = find_family(model)
+    kind = family.kind if family is not None else None
+    if kind is Kind.ENCODER:
+        return model(ids, mask=mask, token_type_ids=type_ids).hidden
+    if kind is Kind.CAUSAL_LM:
+        return model.hidden_states(ids, mask=mask)
+    raise TypeError(
+        f"embed needs an encoder (e.g. BERT) or a causal LM (e.g. GPT), got {type(model).__name__}"
+    )
 
 
 @torch.no_grad()

@@ -109,7 +109,7 @@ def test_kv_cache_window_and_bad_input() -> None:
     assert kv_cache_bytes_per_token(c) == 2 * 32 * 4096 * 4  # 1 MiB in float32
     assert kv_cache_bytes(c, 4096, window=1024) == kv_cache_bytes(c, 1024)
     assert kv_cache_bytes(c, 512, window=1024) == kv_cache_bytes(c, 512)
-    with pytest.raises(ValueError, match="encoder: it has no KV cache"):
+    with pytest.raises(ValueError, match="BERTConfig has no KV cache: it is no decoder"):
         kv_cache_bytes(PRESETS["bert-base"], 128)
     with pytest.raises(ValueError, match="context_len must be a positive integer"):
         kv_cache_bytes(c, 0)

@@ -9,10 +9,11 @@ import dataclasses
 import pytest
 
 import attnlab.analysis.memory_check as mc
-from attnlab.analysis.memory import _layer_stack, activation_bytes, training_memory
+from attnlab.analysis.memory import activation_bytes, training_memory
 from attnlab.analysis.params import count_params
 from attnlab.cli.train import _check_memory
 from attnlab.models import GPTConfig
+from attnlab.models.costs import stack_activations
 from attnlab.training.config import TrainConfig
 
 # the Shakespeare shape (nanoGPT's shakespeare-char GPT) at context 2048
@@ -36,9 +37,11 @@ def test_bytes_per_parameter_of_each_precision(precision: str, per_param: int) -
 @pytest.mark.parametrize("every", [1, 2, 4, 6, 7])
 def test_a_checkpointed_stack_keeps_block_inputs_and_one_recomputed_block(every: int) -> None:
     B, T, n, E = 2, 128, SHAKESPEARE.n_layers, SHAKESPEARE.d_model
-    block = _layer_stack(SHAKESPEARE, B=B, T=T, n_layers=1, masked=True)
+    block = stack_activations(SHAKESPEARE, B=B, T=T, n_layers=1, masked=True)
     checkpointed = len(range(0, n, every))
-    act, fp32, scores = _layer_stack(SHAKESPEARE, B=B, T=T, n_layers=n, masked=True, every=every)
+    act, fp32, scores = stack_activations(
+        SHAKESPEARE, B=B, T=T, n_layers=n, masked=True, every=every
+    )
     plain_blocks = n - checkpointed + 1
     assert act == plain_blocks * block[0] + checkpointed * B * T * E
     assert (fp32, scores) == (plain_blocks * block[1], plain_blocks * block[2])

@@ -54,8 +54,9 @@ def test_generate_with_a_draft_prints_the_models_own_tokens(
     assert main([*args, "--draft", str(draft), "--num-draft-tokens", "3"]) == 0
     out = capsys.readouterr()
     assert out.out == plain
-    assert re.match(r"speculative decoding: k=3, acceptance rate \d\.\d{3} \(\d+/\d+ draft",
-                    out.err), out.err  # fmt: skip
+    assert re.search(r"^speculative decoding: k=3, acceptance rate \d\.\d{3} \(\d+/\d+ draft",
+                     out.err, re.M), out.err  # fmt: skip
+    assert out.err.startswith("engine: ")  # the header: which decode engine runs
     expected = attnlab.generate(attnlab.from_pretrained(target), [[1, 2, 3]], max_new_tokens=12,
                                 eos_id=())[0].tolist()  # fmt: skip
     # Streamed text (one prompt with a tokenizer): the same words, the statistics after them.
@@ -64,7 +65,7 @@ def test_generate_with_a_draft_prints_the_models_own_tokens(
     out = capsys.readouterr()
     words = " ".join(WORDS[i] for i in expected if i != 0)
     assert out.out.split() == ("the cat sat " + words).split()
-    assert out.err.startswith("speculative decoding: k=4, ")  # the default k
+    assert "\nspeculative decoding: k=4, " in out.err  # the default k
 
 
 def test_sample_with_a_draft(pair: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:

@@ -116,7 +116,7 @@ def check_neuron(page: Any, explorer: Explorer, ids: list[int]) -> None:
     s = page.evaluate("[window.__explore.layer, window.__explore.head, window.__explore.query, "
                       "window.__explore.key]")  # fmt: skip
     extra: dict[str, Any] = {}
-    if explorer.family == "seq2seq":
+    if explorer.seq2seq:
         extra = {"stack": got["stack"], "target": page.evaluate("window.__explore.target_ids")}
     want = explorer.neuron(ids, *s, **extra)
     assert (got["layer"], got["head"], got["query"], got["key"]) == tuple(s)

@@ -61,7 +61,7 @@ def test_serving_a_model_directory(
         (["explore", "gpt-char-baby", "--html", "x.html"], "--html needs --text"),
         (["explore", "gpt3-175b", "--no-browser"], "random weights are built only up to"),
         (["explore", "no/such/dir", "--no-browser"], "does not exist"),
-        (["explore", "cct-cifar", "--no-browser"], "encoder-decoder and ViT models, got CCT"),
+        (["explore", "cct-cifar", "--no-browser"], "vit (ViT) models, got CCT"),
         (["explore", "gpt-char-baby", "--text", "ab", "--target", "c", "--html", "{tmp}/x.html"],
          "target is for encoder-decoder models"),
         (["explore", "gpt-char-baby", "--text", "a" * 300, "--html", "{tmp}/x.html"],

@@ -41,7 +41,7 @@ def weights(e: Explorer, vi: VisionInput) -> torch.Tensor:
 
 
 def test_a_digits_sample_is_the_recipes_test_image(vit_explorer: Explorer) -> None:
-    from attnlab.training.data import ArrayImageDataset, load_digits
+    from attnlab.data.images import ArrayImageDataset, load_digits
 
     images, labels = load_digits()
     data = ArrayImageDataset(images, labels, test_fraction=0.2, val_fraction=0.1, seed=1)
@@ -61,7 +61,7 @@ def test_a_digits_sample_is_the_recipes_test_image(vit_explorer: Explorer) -> No
 
 
 def test_cifar_samples_are_normalised_as_in_training() -> None:
-    from attnlab.training.cifar10 import Cifar10
+    from attnlab.data.cifar10 import Cifar10
 
     try:
         data = Cifar10.load(n_val=1000, download=False)
@@ -134,7 +134,7 @@ def test_bad_images_are_refused_with_what_was_expected(vit_explorer: Explorer) -
             e.read_image(body.get("image"), body.get("sample"))
     with pytest.raises(ValueError, match="a ViT reads an image"):
         e.analyze("some text")
-    with pytest.raises(ValueError, match="images are for ViT models"):
+    with pytest.raises(ValueError, match="images are for image models"):
         Explorer(build_model("gpt-char-baby", n_layers=1, vocab_size=300)).read_image(sample=0)
     big = build_model("vit-digits", image_size=32, patch_size=2)  # 257 tokens
     with pytest.raises(ValueError, match=r"reads 257 tokens .* --max-tokens 257"):
@@ -231,7 +231,7 @@ def test_cli_reads_the_runs_recipe_and_an_image_file(
         (["explore", str(run), "--html", str(out)], "--html needs --sample N or --image FILE"),
         (["explore", str(run), "--image", str(tmp_path / "none.png"), "--html", str(out)],
          "cannot read --image"),
-        (["explore", "gpt-char-baby", "--sample", "1", "--html", str(out)], "are for ViT models"),
+        (["explore", "gpt-char-baby", "--sample", "1", "--html", str(out)], "are for image models"),
     ]:  # fmt: skip
         assert exit_code(argv) == 2, argv
         assert message in capsys.readouterr().err

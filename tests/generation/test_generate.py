@@ -286,8 +286,9 @@ def test_not_a_generative_model() -> None:
     vit = attnlab.ViT(
         attnlab.ViTConfig(image_size=8, patch_size=4, d_model=16, n_heads=2, n_layers=1, d_ff=32)
     )
-    with pytest.raises(TypeError, match="needs a GPT or an EncoderDecoderTransformer"):
+    with pytest.raises(TypeError, match=r"needs a language model.*ViT is of kind .image-class"):
         attnlab.generate(vit, [[1, 2]], max_new_tokens=2)
+    assert not hasattr(vit, "generate")  # only the families that generate have the method
 
 
 def test_source_tokens_equal_to_pad_id_are_real_when_given_as_lists() -> None:

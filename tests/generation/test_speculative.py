@@ -212,7 +212,7 @@ def test_bad_inputs_are_refused() -> None:
     enc_dec = EncoderDecoderTransformer(
         TransformerConfig(vocab_size=V, d_model=16, n_heads=2, n_layers=1, d_ff=32)
     )
-    with pytest.raises(TypeError, match="needs a decoder-only GPT as the target model, got Enc"):
+    with pytest.raises(TypeError, match=r"needs a decoder-only .* as the target model, got Enc"):
         attnlab.generate(enc_dec, ids, draft_model=draft)
     with pytest.raises(TypeError, match="GPT as the draft model, got EncoderDecoderTransformer"):
         attnlab.generate(target, ids, draft_model=enc_dec)

@@ -46,6 +46,7 @@ from attnlab import (
     viz,
 )
 from attnlab import analysis as an
+from attnlab import data as DATA
 from attnlab import explore as EX
 from attnlab import generation as G
 from attnlab import layers as L
@@ -193,8 +194,8 @@ def gen(**kw: Any) -> Any:
     return G.generate(model("gpt"), args.pop("input_ids"), **args)
 
 
-def stream_of(n: int) -> TR.TokenStream:
-    return TR.TokenStream(torch.arange(n) % 7)
+def stream_of(n: int) -> DATA.TokenStream:
+    return DATA.TokenStream(torch.arange(n) % 7)
 
 
 def trainer(**kw: Any) -> TR.Trainer:
@@ -547,14 +548,14 @@ ROWS: list[Row] = [
     Row("training", "TrainConfig", "an unknown optimizer_impl", lambda: TR.TrainConfig(optimizer_impl="magic"), ValueError),  # type: ignore[arg-type]
     Row("training", "Trainer", "noam for a model without d_model", lambda: TR.Trainer(nn.Linear(2, 2), TR.CausalLMObjective(stream_of(100), 4), TR.TrainConfig()), ValueError),
     Row("training", "Trainer.save", "no run_dir", lambda: trainer().save(), ValueError),
-    Row("training", "TokenStream", "2-D ids", lambda: TR.TokenStream(ids(2, 50)), ValueError),
-    Row("training", "TokenStream", "val_fraction = 1", lambda: TR.TokenStream(torch.arange(50), val_fraction=1.0), ValueError),
+    Row("training", "TokenStream", "2-D ids", lambda: DATA.TokenStream(ids(2, 50)), ValueError),
+    Row("training", "TokenStream", "val_fraction = 1", lambda: DATA.TokenStream(torch.arange(50), val_fraction=1.0), ValueError),
     Row("training", "TokenStream", "too few tokens to split", lambda: stream_of(3), ValueError),
     Row("training", "TokenStream.blocks", "unknown split", lambda: stream_of(100).blocks("test", 2, 4, torch.Generator()), ValueError),
     Row("training", "TokenStream.blocks", "blocks longer than the split", lambda: stream_of(100).blocks("val", 2, 20, torch.Generator()), ValueError),
     Row("training", "CausalLMObjective", "block_size = 0", lambda: TR.CausalLMObjective(stream_of(100), block_size=0), ValueError),
-    Row("training", "ArrayImageDataset", "fewer labels than images", lambda: TR.ArrayImageDataset(t(10, 1, 8, 8), torch.zeros(9)), ValueError),
-    Row("training", "ArrayImageDataset", "test_fraction = 0", lambda: TR.ArrayImageDataset(t(10, 1, 8, 8), torch.zeros(10), test_fraction=0.0), ValueError),
+    Row("training", "ArrayImageDataset", "fewer labels than images", lambda: DATA.ArrayImageDataset(t(10, 1, 8, 8), torch.zeros(9)), ValueError),
+    Row("training", "ArrayImageDataset", "test_fraction = 0", lambda: DATA.ArrayImageDataset(t(10, 1, 8, 8), torch.zeros(10), test_fraction=0.0), ValueError),
     Row("training", "noam", "d_model = 0", lambda: TR.noam(1, d_model=0), ValueError),
     Row("training", "noam", "a negative step", lambda: TR.noam(-1, d_model=8), ValueError),
     Row("training", "warmup_cosine", "warmup >= total_steps", lambda: TR.warmup_cosine(1, warmup=10, total_steps=10), ValueError),
@@ -567,9 +568,9 @@ ROWS: list[Row] = [
     Row("training", "CharTokenizer", "a multi-character token", lambda: TK.CharTokenizer(["ab"]), ValueError),
     Row("training", "CharTokenizer.encode", "a character outside the vocabulary", lambda: TK.CharTokenizer(["a", "b"]).encode("abc"), ValueError),
     Row("training", "tokenizers.load_tokenizer", "a JSON file that is no tokenizer", lambda: load_any_tokenizer("not_a_tokenizer.json"), ValueError),
-    Row("training", "ReverseTask", "min_len > max_len", lambda: TR.ReverseTask(min_len=5, max_len=3), ValueError),
-    Row("training", "ReverseTask", "a vocabulary with no content tokens", lambda: TR.ReverseTask(vocab_size=3), ValueError),
-    Row("training", "load_text", "a missing file", lambda: TR.load_text("no_such.txt", download=False), FileNotFoundError),
+    Row("training", "ReverseTask", "min_len > max_len", lambda: DATA.ReverseTask(min_len=5, max_len=3), ValueError),
+    Row("training", "ReverseTask", "a vocabulary with no content tokens", lambda: DATA.ReverseTask(vocab_size=3), ValueError),
+    Row("training", "load_text", "a missing file", lambda: DATA.load_text("no_such.txt", download=False), FileNotFoundError),
     Row("training", "prepare", "unknown recipe", lambda: TR.prepare("gpt-9"), ValueError),
     Row("training", "prepare", "unknown arch", lambda: TR.prepare("shakespeare-char", {"arch": "rnn"}), ValueError),
     Row("training", "load_run", "a directory without run.json", lambda: TR.load_run("runs/no_checkpoint"), FileNotFoundError),

@@ -123,7 +123,7 @@ def test_names_select_exact_glob_predicate_and_only_those_layers_work(
         run_with_cache(model, *x, names="layers.0.attn.query")
     with pytest.raises(TypeError, match="names must be"):
         run_with_cache(model, *x, names=[3])  # type: ignore[list-item]
-    with pytest.raises(TypeError, match="hook points for GPT"):
+    with pytest.raises(TypeError, match="Linear belongs to no attnlab model family"):
         run_with_cache(nn.Linear(2, 2), torch.randn(1, 2))
     _assert_clean(model)
 

@@ -1,4 +1,4 @@
-"""DecodeWeight and the forward using it: copies equal the plain layers, never go stale."""
+"""DecodeWeight and the fused engine's use of it: copies equal the plain layers, never go stale."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab import GPT, GPTConfig
 from attnlab.transforms import decode_weights as linear_module
-from attnlab.transforms.decode_weights import DecodeWeight, _copy_forward, reordering_available
+from attnlab.transforms.decode_engine import FusedDecoder, _apply
+from attnlab.transforms.decode_weights import DecodeWeight, reordering_available
 
 Linear = nn.Linear
 
@@ -16,11 +18,6 @@ Linear = nn.Linear
 def _linears(*outs: int, d_in: int = 6, bias: bool = True) -> list[nn.Linear]:
     torch.manual_seed(0)
     return [Linear(d_in, o, bias=bias) for o in outs]
-
-
-def _use(lin: nn.Linear, copy: DecodeWeight) -> None:
-    """What decode_layout does to a linear for one call."""
-    lin.__dict__["forward"] = _copy_forward(lin, copy)
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -52,25 +49,23 @@ def test_linear_uses_a_current_copy_and_ignores_a_stale_one() -> None:
     object.__setattr__(other, "sources", (lin,))  # ...marked as lin's copy
     object.__setattr__(other, "stamps", other.stamps[:0])
     assert not other.is_current()
-    _use(lin, other)
-    with torch.no_grad():
-        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias))
+    with torch.no_grad():  # the engine's projection: the layer itself, not the stale copy
+        torch.testing.assert_close(_apply(lin, other, x), F.linear(x, lin.weight, lin.bias))
     copy = DecodeWeight.stack([lin])
-    _use(lin, copy)
     with torch.no_grad():
-        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias))
+        torch.testing.assert_close(_apply(lin, copy, x), F.linear(x, lin.weight, lin.bias))
         lin.weight.add_(1.0)  # an optimizer step: the copy is stale now
         assert not copy.is_current()
-        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias))
+        torch.testing.assert_close(_apply(lin, copy, x), F.linear(x, lin.weight, lin.bias))
 
 
 def test_a_replaced_parameter_makes_the_copy_stale() -> None:
     lin = _linears(9)[0]
     copy = DecodeWeight.stack([lin])
-    _use(lin, copy)
     lin.weight = nn.Parameter(torch.zeros_like(lin.weight))
     assert not copy.is_current()
-    assert torch.equal(lin(torch.ones(1, 6)), lin.bias.detach()[None])
+    with torch.no_grad():
+        assert torch.equal(_apply(lin, copy, torch.ones(1, 6)), lin.bias.detach()[None])
 
 
 def test_stack_rejects_bad_input() -> None:
@@ -82,21 +77,24 @@ def test_stack_rejects_bad_input() -> None:
         DecodeWeight.stack([Linear(3, 2), Linear(3, 2, bias=False)])
 
 
-def test_the_copy_is_used_only_without_autograd() -> None:
-    """With autograd on, the parameter is used (the oneDNN product has no gradient)."""
-    lin = _linears(7)[0]
-    _use(lin, DecodeWeight.stack([lin]))
+def test_the_copy_is_used_only_without_autograd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With autograd on, the engine runs the parameter (the oneDNN product has no gradient)."""
+    torch.manual_seed(0)
+    model = GPT(
+        GPTConfig(vocab_size=50, d_model=16, n_heads=2, n_layers=1, d_ff=32, eos_id=None)
+    ).eval()
     calls: list[int] = []
     original = DecodeWeight.__call__
-    try:
-        DecodeWeight.__call__ = lambda self, x: calls.append(1) or original(self, x)  # type: ignore[method-assign,func-returns-value]
-        lin(torch.randn(2, 6)).sum().backward()
-        assert lin.weight.grad is not None and not calls
+    monkeypatch.setattr(
+        DecodeWeight, "__call__", lambda self, x: calls.append(1) or original(self, x)
+    )
+    with FusedDecoder(model, rows=1) as engine:
+        assert engine.head is not None  # wide: 16 -> 50
+        engine.lm_head(torch.randn(2, 16)).sum().backward()
+        assert model.lm_head.weight.grad is not None and not calls
         with torch.no_grad():
-            lin(torch.randn(2, 6))
+            engine.lm_head(torch.randn(2, 16))
         assert calls == [1]
-    finally:
-        DecodeWeight.__call__ = original  # type: ignore[method-assign]
 
 
 def test_stack_refuses_weights_it_cannot_reorder() -> None:

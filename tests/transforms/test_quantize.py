@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import attnlab
+import attnlab.kernels as wk
 from attnlab import GPT, EncoderDecoderTransformer, GPTConfig, TransformerConfig
 from attnlab.transforms import (
     Int4Linear,
@@ -43,8 +44,7 @@ from attnlab.transforms import (
     save_quantized,
 )
 from attnlab.transforms import quant_formats as qf
-from attnlab.transforms import woq_kernels as wk
-from attnlab.transforms.decode_weights import _decoder_parts
+from attnlab.transforms.decode_weights import decoder_linears
 from attnlab.transforms.quant_modules import REFERENCE
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -266,7 +266,7 @@ def test_generation_runs_on_quantized_models(make: Any, fmt: str) -> None:
     model = make()
     fp32 = attnlab.generate(model, _ids(2, 5), max_new_tokens=12)
     quantize(model, fmt, group_size=32, include_lm_head=True)
-    assert not _decoder_parts(model)[0]  # no stacked q/k/v copies of quantized layers
+    assert not decoder_linears(model)[0]  # no stacked q/k/v copies of quantized layers
     assert copy_numel(model) == 0  # and no decode copy of anything quantized
     out = attnlab.generate(model, _ids(2, 5), max_new_tokens=12)
     assert out.shape == fp32.shape == (2, 12)

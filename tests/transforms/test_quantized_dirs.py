@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 
 import attnlab
 from attnlab import GPT, GPTConfig
+from attnlab.generation.engines import DecodeSession
 from attnlab.transforms import (
     copy_numel,
     fitting_group_size,
@@ -22,7 +23,6 @@ from attnlab.transforms import (
     quantized_footprint,
     quantized_weight_bytes,
 )
-from attnlab.transforms.decode_weights import _COPIES
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -146,13 +146,21 @@ def test_fitting_group_size() -> None:
         fitting_group_size(_gpt(), preferred=0)
 
 
-def test_quantize_releases_the_decode_copies_of_replaced_layers() -> None:
+def test_quantize_under_a_held_decode_session_frees_its_copies() -> None:
+    """Decode copies belong to the fused engine of a call or a held session, never to the model;
+    quantizing the model in place while a session holds copies of its layers replaces them: the
+    session's engine gives way to the (quantized) modules and frees its copies."""
     model = _gpt()
-    attnlab.generate(model, [[1, 2, 3]], max_new_tokens=3)
-    if model not in _COPIES:
-        pytest.skip("no decode copies on this build (oneDNN missing)")
-    quantize(model, "int8")
-    assert model not in _COPIES
+    with DecodeSession(model, rows=1) as session:
+        engine = session.engine
+        assert engine is not None
+        attnlab.generate(model, [[1, 2, 3]], max_new_tokens=3, decode_session=session)
+        if not engine.copies():
+            pytest.skip("no decode copies on this build (oneDNN missing)")
+        quantize(model, "int8")
+        got = attnlab.generate(model, [[1, 2, 3]], max_new_tokens=3, decode_session=session)
+        assert engine.closed and engine.copies() == []
+    assert torch.equal(got, attnlab.generate(model, [[1, 2, 3]], max_new_tokens=3, engine="eager"))
 
 
 def test_non_finite_scales_are_refused_naming_the_tensor(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""attnlab's int8/int4 CPU kernels (attnlab.transforms.woq_kernels) == the reference product.
+"""attnlab's int8/int4 CPU kernels (attnlab.kernels) == the reference product.
 
 Reference: ``F.linear(x, dequantize(codes), bias)`` in float32. The kernels accumulate the same
 float32 products in another order (8- or 16-lane partial sums; int4 on AVX2: per group, then
@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+import attnlab.kernels as wk
 from attnlab.transforms import Int4Linear, Int8Linear
 from attnlab.transforms import quant_formats as qf
-from attnlab.transforms import woq_kernels as wk
 from attnlab.transforms.quant_modules import REFERENCE
 
 pytestmark = pytest.mark.skipif(not wk.available(), reason=f"kernels: {wk.unavailable_reason()}")

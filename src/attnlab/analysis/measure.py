@@ -28,10 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from attnlab.analysis.flops import check_length
 from attnlab.layers.attention_backends import AttentionBackend, get_attention_backend
 from attnlab.layers.multihead import MultiHeadAttention
-from attnlab.models.bert import BERTConfig
-from attnlab.models.gpt import GPTConfig
-from attnlab.models.transformer import TransformerConfig
-from attnlab.models.vit import ViTConfig
+from attnlab.models.family import find_family
 
 
 @contextlib.contextmanager
@@ -62,7 +59,8 @@ def example_inputs(
     src_len: int | None = None,
     device: torch.device | str = "cpu",
 ) -> tuple[tuple[Tensor, ...], dict[str, Any]]:
-    """Random ``(args, kwargs)`` for the forward of the model ``config`` describes.
+    """Random ``(args, kwargs)`` for the forward of the model ``config`` describes (what its
+    family declares: :attr:`~attnlab.models.family.Family.example_inputs`).
 
     Token ids avoid the pad id (so no padding mask changes the work); ViT gets images of its
     configured size (``seq_len`` must then be ``None`` or patches + 1).
@@ -71,27 +69,14 @@ def example_inputs(
         ValueError: for non-positive sizes, a ViT length other than its own, or an unknown config.
     """
     check_length("batch", batch)
-    g = torch.Generator().manual_seed(0)
-
-    def ids(vocab: int, n: int) -> Tensor:
-        low = 3 if vocab > 3 else 0  # skip pad/bos/eos-like ids
-        return torch.randint(low, vocab, (batch, n), generator=g).to(device)
-
-    if isinstance(config, ViTConfig):
-        if seq_len not in (None, config.max_seq_len):
-            raise ValueError(
-                f"this ViT sees {config.max_seq_len} tokens ({config.n_patches} patches + [CLS]); "
-                f"change image_size to measure seq_len={seq_len}"
-            )
-        shape = (batch, config.in_channels, config.image_size, config.image_size)
-        return (torch.randn(shape, generator=g).to(device),), {}
-    if not isinstance(config, (GPTConfig, BERTConfig, TransformerConfig)):
+    family = None if isinstance(config, type) else find_family(config)
+    if family is None or family.example_inputs is None:
         raise ValueError(f"no example inputs for {type(config).__name__}")
-    n = config.max_seq_len if seq_len is None else check_length("seq_len", seq_len)
-    if isinstance(config, TransformerConfig):
-        S = n if src_len is None else check_length("src_len", src_len)
-        return (ids(config.vocab_size, S), ids(config.target_vocab_size, n)), {}
-    return (ids(config.vocab_size, n),), {}
+    g = torch.Generator().manual_seed(0)
+    args, kwargs = family.example_inputs(
+        config, batch=batch, seq_len=seq_len, src_len=src_len, generator=g
+    )
+    return tuple(a.to(device) for a in args), {k: v.to(device) for k, v in kwargs.items()}
 
 
 def _scalar(out: Any) -> Tensor:

@@ -44,22 +44,17 @@ F d_ff, H heads, H_kv kv heads, D head dim, V vocabulary.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from attnlab.analysis.flops import check_length, default_seq_len
-from attnlab.analysis.params import count_params
-from attnlab.layers.feedforward import GATED
-from attnlab.models.bert import BERTConfig
-from attnlab.models.gpt import GPTConfig
-from attnlab.models.transformer import TransformerConfig
-from attnlab.models.vit import ViTConfig
+from attnlab.analysis.params import count_params, family_costs
+from attnlab.models.costs import FP32, INDEX_BYTES, KVShape
+from attnlab.models.family import families
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 ADAM_STATE_BYTES = 8  # two float32 moments per parameter
-FP32 = 4
-INDEX_BYTES = 8  # int64 token ids / targets
 # the trainer's precision -> bytes per (activation element, weight, gradient, Adam state) of a
 # parameter; the mixed modes' weights are the float32 master + autocast's 16-bit copy
 PRECISION_BYTES = {
@@ -107,59 +102,9 @@ class TrainingMemory:
 
 
 # -- activations ---------------------------------------------------------------------------------
-
-
-def _norm_elems(c: Any, t: int) -> int:
-    """Elements a norm keeps besides its input: LayerNorm mean + rstd, RMSNorm x̂ and 1/rms."""
-    return t * c.d_model + t if c.norm == "rmsnorm" else 2 * t
-
-
-def _attention_elems(c: Any, *, B: int, T: int, S: int, masked: bool) -> tuple[int, int]:
-    """(activation-dtype elements, float32 elements) of one attention sublayer."""
-    E, H = c.d_model, c.n_heads
-    t = B * T
-    act = 2 * t * E + _norm_elems(c, t)  # sublayer input + projection input (+ norm stats)
-    act += B * S * E + t * E  # v operand (all heads) + output-projection input
-    fp32 = t * E + B * S * E  # q and k operands of QKᵀ
-    fp32 += (3 if masked else 2) * B * H * T * S  # scores, softmax output (+ masked weights)
-    return act, fp32
-
-
-def _ffn_elems(c: Any, t: int) -> int:
-    if c.activation in GATED:
-        hidden = 4
-    elif c.activation == "relu":
-        hidden = 1
-    else:
-        hidden = 2
-    return 2 * t * c.d_model + _norm_elems(c, t) + hidden * t * c.d_ff
-
-
-def _layer_stack(
-    c: Any, *, B: int, T: int, n_layers: int, masked: bool, memory_len: int | None = None,
-    every: int = 0,
-) -> tuple[int, int, int]:  # fmt: skip
-    """(activation elements, float32 elements, of which score elements) of a stack; with
-    ``every`` k > 0, every k-th block checkpointed (module docstring)."""
-    act, fp32 = _attention_elems(c, B=B, T=T, S=T, masked=masked)
-    scores = (3 if masked else 2) * B * c.n_heads * T * T
-    if memory_len is not None:
-        a2, f2 = _attention_elems(c, B=B, T=T, S=memory_len, masked=masked)
-        act, fp32 = act + a2, fp32 + f2
-        scores += (3 if masked else 2) * B * c.n_heads * T * memory_len
-    act += _ffn_elems(c, B * T)
-    if every <= 0:
-        return n_layers * act, n_layers * fp32, n_layers * scores
-    kept = n_layers - (n_layers + every - 1) // every  # blocks not checkpointed
-    plain = min(kept + 1, n_layers)  # + the one block recomputed at a time
-    inputs = (n_layers - kept) * B * T * c.d_model
-    return plain * act + inputs, plain * fp32, plain * scores
-
-
-# Families whose activations are not an attention stack's register their formula here:
-# ``fn(config, *, batch, seq_len, a) -> {"layers", "outside_layers", "attention_scores", "total",
-# ...}`` with ``a`` bytes per element (attnlab.analysis.recurrent_memory: Mamba, LSTM/GRU).
-ACTIVATION_FORMULAS: dict[type[Any], Callable[..., dict[str, int]]] = {}
+# The formulas are the families' (attnlab.models.family.Family.costs.activations), built from the
+# stack blocks of attnlab.models.costs (norm_elems, attention_elems, ffn_elems,
+# stack_activations), which implement the assumptions of this module's docstring.
 
 
 def activation_bytes(
@@ -186,68 +131,15 @@ def activation_bytes(
     T = default_seq_len(config) if seq_len is None else check_length("seq_len", seq_len)
     if checkpoint_every < 0:
         raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
-    formula = ACTIVATION_FORMULAS.get(type(config))
-    if formula is not None:  # recurrent families: checkpointing not modelled (an upper bound)
-        return formula(config, batch=B, seq_len=T, a=a)
-    c, k = config, checkpoint_every
-    t = B * T
-    outside = 0
-    if isinstance(c, GPTConfig):
-        act, fp32, scores = _layer_stack(c, B=B, T=T, n_layers=c.n_layers, masked=True, every=k)
-        outside += 2 * t * INDEX_BYTES  # ids, targets
-        if getattr(c, "embed_norm", False):
-            outside += (t * c.d_model + _norm_elems(c, t)) * a
-        final = (t * c.d_model + _norm_elems(c, t)) if c.use_final_norm else 0
-        outside += (final + t * c.d_model) * a + t * c.vocab_size * FP32  # head in, log-softmax
-    elif isinstance(c, BERTConfig):
-        masked = c.pad_id is not None
-        act, fp32, scores = _layer_stack(c, B=B, T=T, n_layers=c.n_layers, masked=masked,
-                                         every=k)  # fmt: skip
-        outside += 2 * t * INDEX_BYTES  # ids, segment ids
-        outside += (t * c.d_model + _norm_elems(c, t)) * a  # embedding norm
-        if c.norm_position == "pre":
-            outside += (t * c.d_model + _norm_elems(c, t)) * a
-        if c.pooler:
-            # tanh output; the pooler's input is a view of the last hidden state, which keeps
-            # its whole storage alive (already counted when the MLM head keeps it too)
-            outside += (B + (0 if c.mlm_head else t)) * c.d_model * a
-        if c.mlm_head:
-            # dense input, activation input, norm input (+ stats), decoder input; log-softmax
-            outside += (4 * t * c.d_model + _norm_elems(c, t)) * a + t * c.vocab_size * FP32
-    elif isinstance(c, ViTConfig):
-        if T < 2:
-            raise ValueError(f"a ViT sequence is [CLS] + at least one patch; got seq_len={T}")
-        act, fp32, scores = _layer_stack(c, B=B, T=T, n_layers=c.n_layers, masked=False, every=k)
-        outside += (t * c.d_model + _norm_elems(c, t)) * a  # final norm
-        outside += B * (T - 1) * c.in_channels * c.patch_size**2 * a  # images (conv weight grad)
-        # what the pooler/head keeps: [CLS] is a view keeping the final hidden state alive, a
-        # mean is a new (B, E); a pooler keeps its tanh output too (the head's input)
-        pooler = getattr(c, "pooler", False)
-        if pooler or c.n_classes:
-            outside += (t if c.pool == "cls" else B) * c.d_model * a
-        if pooler:
-            outside += B * c.d_model * a
-    elif isinstance(c, TransformerConfig):
-        S = T if src_len is None else check_length("src_len", src_len)
-        masked = c.pad_id is not None
-        enc = _layer_stack(c, B=B, T=S, n_layers=c.n_layers, masked=masked, every=k)
-        dec = _layer_stack(c, B=B, T=T, n_layers=c.num_decoder_layers, masked=True,
-                           memory_len=S, every=k)  # fmt: skip
-        act, fp32, scores = (x + y for x, y in zip(enc, dec, strict=True))
-        outside += (B * S + 2 * t) * INDEX_BYTES  # source ids, target ids, targets
-        outside += B * S * c.d_model * a  # the memory, input of every cross-attention k/v
-        if c.use_final_norm:
-            outside += ((B * S + t) * c.d_model + _norm_elems(c, B * S) + _norm_elems(c, t)) * a
-        outside += t * c.d_model * a + t * c.target_vocab_size * FP32
-    else:
-        raise ValueError(f"no activation formula for {type(c).__name__}")
-    layers = act * a + fp32 * max(a, FP32)
-    return {
-        "layers": layers,
-        "outside_layers": outside,
-        "attention_scores": scores * max(a, FP32),
-        "total": layers + outside,
-    }
+    costs = family_costs(config, "activation formula")
+    if costs.activations is None:
+        raise ValueError(f"no activation formula for {type(config).__name__}")
+    if costs.min_seq_len > T:
+        why = costs.min_seq_len_why or f"{type(config).__name__} needs {costs.min_seq_len}"
+        raise ValueError(f"{why}; got seq_len={T}")
+    return costs.activations(
+        config, batch=B, seq_len=T, src_len=src_len, a=a, every=checkpoint_every
+    )
 
 
 def training_memory(
@@ -290,19 +182,22 @@ def training_memory(
 # -- KV cache ------------------------------------------------------------------------------------
 
 
-def _decoder_sizes(config: Any) -> tuple[int, int, bool]:
-    """(decoder layers, H_kv · D, has cross-attention) of a model that decodes with a cache."""
-    if isinstance(config, GPTConfig):
-        layers, cross = config.n_layers, False
-    elif isinstance(config, TransformerConfig):
-        layers, cross = config.num_decoder_layers, True
-    else:
-        raise ValueError(
-            f"{type(config).__name__} is an encoder: it has no KV cache "
-            "(decoder models: GPTConfig, TransformerConfig)"
+def _decoder_sizes(config: Any) -> KVShape:
+    """What a model that decodes with a cache keeps per position (its family's declaration).
+
+    Raises:
+        ValueError: for an encoder (or any model without a KV cache).
+    """
+    costs = family_costs(config, "memory formula")
+    if costs.kv_cache is None:
+        decoders = ", ".join(
+            f.config.__name__ for f in families() if f.costs is not None and f.costs.kv_cache
         )
-    kv = (config.n_kv_heads or config.n_heads) * config.d_head
-    return layers, kv, cross
+        raise ValueError(
+            f"{type(config).__name__} has no KV cache: it is no decoder that caches keys and "
+            f"values (decoder models: {decoders})"
+        )
+    return costs.kv_cache(config)
 
 
 def kv_cache_bytes_per_token(config: Any, *, dtype: str | int = "float32") -> int:
@@ -311,8 +206,8 @@ def kv_cache_bytes_per_token(config: Any, *, dtype: str | int = "float32") -> in
     Raises:
         ValueError: for an encoder-only config (no cache) or an unknown dtype.
     """
-    layers, kv, _ = _decoder_sizes(config)
-    return 2 * layers * kv * dtype_bytes(dtype)
+    shape = _decoder_sizes(config)
+    return 2 * shape.layers * shape.width * dtype_bytes(dtype)
 
 
 def kv_cache_bytes(
@@ -335,7 +230,8 @@ def kv_cache_bytes(
     Raises:
         ValueError: for non-positive sizes or an encoder-only config.
     """
-    layers, kv, cross = _decoder_sizes(config)
+    shape = _decoder_sizes(config)
+    layers, kv, cross = shape.layers, shape.width, shape.cross
     full = config.max_seq_len if context_len is None else check_length("context_len", context_len)
     check_length("batch", batch)
     n = full if window is None else min(full, check_length("window", window))
@@ -349,10 +245,28 @@ def kv_cache_bytes(
     return total
 
 
+def __getattr__(name: str) -> Any:
+    """``ACTIVATION_FORMULAS``: deprecated (each family declares its activation formula)."""
+    if name == "ACTIVATION_FORMULAS":
+        warnings.warn(
+            "attnlab.analysis.memory.ACTIVATION_FORMULAS is deprecated: each family declares "
+            "its activation formula (attnlab.models.family.Family.costs.activations)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return {
+            f.config: f.costs.activations
+            for f in families()
+            if f.costs is not None and f.costs.activations is not None
+        }
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
-    "ACTIVATION_FORMULAS",
     "ADAM_STATE_BYTES",
     "DTYPE_BYTES",
+    "FP32",
+    "INDEX_BYTES",
     "PRECISION_BYTES",
     "TrainingMemory",
     "activation_bytes",

@@ -14,7 +14,7 @@ larger, exits with status 2 and a message naming both figures; ``--ignore-memory
 - Generation (:func:`estimate_generation`): the weights, a KV cache of ``prompt + new`` positions
   for every sequence (beams included), the prefill's transient tensors (the logits of every
   prompt position and one layer's attention scores and probabilities) and the weight copies
-  that decoding keeps when the caller counts them (fp32 on the CPU:
+  the fused decode engine holds during the call when the caller counts them (fp32 on the CPU:
   :func:`attnlab.transforms.decode_weights.copy_numel`). A recurrent model (Mamba, LSTM/GRU)
   keeps its constant-size state instead of the cache; its prefill holds the prompt's logits and
   one layer's scan tensors (Mamba: Ā, B̄x and the states, ``(B, P, E, N)`` float32 each).
@@ -34,19 +34,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnlab.analysis.flops import FLOP_FORMULAS, default_seq_len
+from attnlab.analysis.flops import default_seq_len
 from attnlab.analysis.memory import (
     FP32,
     dtype_bytes,
     kv_cache_bytes,
     training_memory,
 )
-from attnlab.analysis.params import PARAM_FORMULAS, count_params
-from attnlab.analysis.recurrent import is_recurrent_config, recurrent_state_bytes
+from attnlab.analysis.params import count_params
+from attnlab.analysis.recurrent import recurrent_state_bytes
 from attnlab.analysis.text import human_bytes
-from attnlab.models.gpt import GPTConfig
-from attnlab.models.mamba import MambaConfig
-from attnlab.models.transformer import TransformerConfig
+from attnlab.models.family import Kind, find_family
 
 IGNORE_FLAG = "--ignore-memory-check"
 MEMINFO = Path("/proc/meminfo")
@@ -94,8 +92,10 @@ def estimate_training(
         ValueError: for a non-positive ``batch`` or ``seq_len``, an unknown ``dtype``, or no
             ``seq_len`` for a model without a context length.
     """
-    if type(config) not in PARAM_FORMULAS or type(config) not in FLOP_FORMULAS:
-        return None  # the activations come from the FLOP terms (CNNs, CCT: no estimate)
+    family = None if isinstance(config, type) else find_family(config)
+    costs = family.costs if family is not None else None
+    if costs is None or costs.flops is None or costs.activations is None:
+        return None  # no closed forms for the activations (CNNs, CCT: no estimate)
     m = training_memory(config, seq_len, batch=batch, dtype=dtype, precision=precision,
                         checkpoint_every=activation_checkpointing)  # fmt: skip
     T = seq_len if seq_len is not None else default_seq_len(config)
@@ -129,17 +129,20 @@ def estimate_generation(
 ) -> MemoryEstimate | None:
     """Memory of generating ``max_new_tokens`` after ``batch`` prompts of ``prompt_len`` tokens
     (``num_beams`` sequences each); ``None`` for a config that does not generate.
-    ``decode_copy_numel``: elements of the weight copies decoding keeps (fp32 on the CPU; see
-    :func:`attnlab.transforms.decode_weights.copy_numel`), counted as ``decode_copies``.
+    ``decode_copy_numel``: elements of the weight copies the fused decode engine holds during
+    the call (fp32 on the CPU; see :func:`attnlab.transforms.decode_weights.copy_numel`),
+    counted as ``decode_copies``.
     ``weight_bytes``: the weights' bytes when they are not the parameter count times the
     dtype's size (a quantized model: :func:`attnlab.transforms.quantized_footprint`).
 
     Raises:
         ValueError: for non-positive sizes or an unknown ``dtype``.
     """
-    recurrent = is_recurrent_config(config)
-    if not recurrent and not isinstance(config, GPTConfig | TransformerConfig):
+    family = None if isinstance(config, type) else find_family(config)
+    kind = family.kind if family is not None else None
+    if family is None or family.costs is None or kind is None or not kind.generates:
         return None
+    recurrent = kind is Kind.RECURRENT_LM
     for name, value in (("batch", batch), ("prompt_len", prompt_len), ("num_beams", num_beams)):
         if value < 1:
             raise ValueError(f"{name} must be positive, got {value}")
@@ -151,7 +154,7 @@ def estimate_generation(
             config, batch=batch, rows=rows, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
             dtype=dtype, decode_copy_numel=decode_copy_numel,
         )  # fmt: skip
-    if isinstance(config, GPTConfig):  # prompt and new tokens share one cache
+    if kind is Kind.CAUSAL_LM:  # prompt and new tokens share one cache
         context, src = prompt_len + max_new_tokens, None
         logits = batch * prompt_len * config.vocab_size * FP32  # the prefill's logits
     else:  # the decoder caches its tokens (from BOS) and the source's cross-attention keys/values
@@ -177,8 +180,10 @@ def _recurrent_generation(
     """:func:`estimate_generation` for a model that decodes with a constant-size state."""
     a = dtype_bytes(dtype)
     prefill = batch * prompt_len * config.vocab_size * FP32  # the prompt's logits
-    if isinstance(config, MambaConfig):  # one layer's decay, input and states, float32
-        prefill += 3 * batch * prompt_len * config.d_inner * config.d_state * FP32
+    family = find_family(config)
+    costs = family.costs if family is not None else None
+    if costs is not None and costs.prefill_bytes is not None:  # e.g. Mamba's scan tensors
+        prefill += costs.prefill_bytes(config, batch, prompt_len)
     what = (
         f"generating with {type(config).__name__} ({dtype}, {rows} sequence{'s' * (rows > 1)} "
         f"of {prompt_len} + {max_new_tokens} tokens)"

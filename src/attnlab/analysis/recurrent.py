@@ -1,9 +1,10 @@
 """Closed forms for the recurrent models (Mamba, LSTM/GRU): parameters, FLOPs, decoding state.
 
-Importing this module registers the Mamba and RNN configs in :data:`~attnlab.analysis.params.
-BREAKDOWNS`, :data:`~attnlab.analysis.params.PARAM_FORMULAS` and :data:`~attnlab.analysis.flops.
-FLOP_FORMULAS` (``attnlab.analysis`` imports it), so :func:`~attnlab.analysis.count_params`,
-:func:`~attnlab.analysis.param_breakdown` and :func:`~attnlab.analysis.forward_flops` know them.
+The closed forms are the Mamba and RNN families' own (their :class:`~attnlab.models.costs.Costs`,
+beside the models in :mod:`attnlab.models.mamba` and :mod:`attnlab.models.rnn`), so
+:func:`~attnlab.analysis.count_params`, :func:`~attnlab.analysis.param_breakdown` and
+:func:`~attnlab.analysis.forward_flops` know them; this module derives them and adds the
+decoding-state figures every recurrent family has (kind ``RECURRENT_LM``).
 
 Parameters per Mamba layer, with D = d_model, E = expand·D, N = d_state, R = dt_rank, K = d_conv:
 ``in_proj 2DE + out_proj ED`` (+ biases), ``conv1d EK (+E)``, ``x_proj E(R + 2N)``, ``dt_proj
@@ -36,146 +37,32 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from attnlab.analysis.flops import (
-    FLOP_FORMULAS,
-    FlopBreakdown,
-    MatmulTerm,
-    attention_terms,
-    check_length,
-    ffn_terms,
-)
-from attnlab.analysis.memory import FP32, dtype_bytes, kv_cache_bytes, kv_cache_bytes_per_token
-from attnlab.analysis.params import (
-    BREAKDOWNS,
-    PARAM_FORMULAS,
-    ParamBreakdown,
-    linear_params,
-    norm_params,
-)
-from attnlab.models.gpt import GPTConfig
-from attnlab.models.mamba import MambaConfig
-from attnlab.models.rnn import RNNConfig
+from attnlab.analysis.flops import FlopBreakdown, check_length, flop_formula
+from attnlab.analysis.memory import dtype_bytes, kv_cache_bytes, kv_cache_bytes_per_token
+from attnlab.analysis.params import family_costs
+from attnlab.models.costs import total_params
+from attnlab.models.family import Kind, find_family
+from attnlab.models.mamba import MambaConfig, mamba_layer_params, scan_elementwise_flops
+from attnlab.models.rnn import RNNConfig, rnn_layer_params
 
-RecurrentConfig = MambaConfig | RNNConfig
-
-
-def _gates(c: RNNConfig) -> int:
-    return 4 if c.cell == "lstm" else 3
-
-
-# -- parameters ----------------------------------------------------------------------------------
-
-
-def mamba_layer_params(c: MambaConfig) -> dict[str, int]:
-    """Parameters of one Mamba block, per part of the mixer (and its norm)."""
-    E, D, N, R = c.d_inner, c.d_model, c.d_state, c.dt_rank_value
-    return {
-        "in_proj": linear_params(D, 2 * E, c.bias),
-        "conv1d": E * c.d_conv + (E if c.conv_bias else 0),
-        "x_proj": linear_params(E, R + 2 * N, bias=False),
-        "dt_proj": linear_params(R, E),
-        "ssm": E * N + E,  # A_log and D
-        "out_proj": linear_params(E, D, c.bias),
-        "norm": norm_params(D, "rmsnorm"),
-    }
-
-
-def _mamba_breakdown(c: MambaConfig) -> ParamBreakdown:
-    L = c.n_layers
-    comp = {"embedding.token": c.vocab_size * c.d_model}
-    for part, n in mamba_layer_params(c).items():
-        comp["layers.norms" if part == "norm" else f"layers.mixer.{part}"] = L * n
-    comp["final_norm"] = norm_params(c.d_model, "rmsnorm")
-    comp["lm_head"] = 0 if c.tie_output else c.vocab_size * c.d_model
-    tied = {"lm_head": "embedding.token"} if c.tie_output else {}
-    return ParamBreakdown(comp, {"layers": L}, tied)
-
-
-def rnn_layer_params(c: RNNConfig, layer: int) -> int:
-    """Parameters of layer ``layer`` of the LSTM/GRU stack (torch's two bias vectors)."""
-    H, G = c.hidden_size, _gates(c)
-    d_in = c.d_model if layer == 0 else H
-    return G * H * (d_in + H) + (2 * G * H if c.bias else 0)
-
-
-def _rnn_breakdown(c: RNNConfig) -> ParamBreakdown:
-    comp = {
-        "embedding.token": c.vocab_size * c.d_model,
-        "layers.rnn": sum(rnn_layer_params(c, i) for i in range(c.n_layers)),
-        "lm_head": 0 if c.tie_output else c.vocab_size * c.hidden_size,
-    }
-    tied = {"lm_head": "embedding.token"} if c.tie_output else {}
-    return ParamBreakdown(comp, {"layers": c.n_layers}, tied)
-
-
-def _total(b: ParamBreakdown, exclude_embeddings: bool) -> int:
-    return b.total - (b.components["embedding.token"] if exclude_embeddings else 0)
+RecurrentConfig = Any  # a config of a RECURRENT_LM family (Mamba, LSTM/GRU)
 
 
 def mamba_params(c: MambaConfig, exclude_embeddings: bool = False) -> int:
     """:class:`~attnlab.models.mamba.MambaLM`."""
-    return _total(_mamba_breakdown(c), exclude_embeddings)
+    return total_params(family_costs(c, "parameter count").params(c), exclude_embeddings)
 
 
 def rnn_params(c: RNNConfig, exclude_embeddings: bool = False) -> int:
     """:class:`~attnlab.models.rnn.RNNLM`."""
-    return _total(_rnn_breakdown(c), exclude_embeddings)
+    return total_params(family_costs(c, "parameter count").params(c), exclude_embeddings)
 
 
-# -- FLOPs ----------------------------------------------------------------------------------------
-
-
-def _mamba_terms(c: MambaConfig, B: int, n: int, src: int | None) -> tuple[list[MatmulTerm], int]:
-    t, L, E, D, N, R = B * n, c.n_layers, c.d_inner, c.d_model, c.d_state, c.dt_rank_value
-    terms = [
-        MatmulTerm("layers.mixer.in_proj", t, D, 2 * E, L),
-        MatmulTerm("layers.mixer.conv1d", t, c.d_conv, E, L),  # depthwise: K taps per channel
-        MatmulTerm("layers.mixer.x_proj", t, E, R + 2 * N, L),
-        MatmulTerm("layers.mixer.dt_proj", t, R, E, L),
-        MatmulTerm("layers.mixer.readout", t, N, E, L),  # y = C · h, per channel
-        MatmulTerm("layers.mixer.out_proj", t, E, D, L),
-        MatmulTerm("lm_head", t, D, c.vocab_size),
-    ]
-    return terms, 0  # no softmax; the scan's elementwise work: scan_elementwise_flops
-
-
-def _rnn_terms(c: RNNConfig, B: int, n: int, src: int | None) -> tuple[list[MatmulTerm], int]:
-    t, H, G = B * n, c.hidden_size, _gates(c)
-    terms = []
-    for i in range(c.n_layers):
-        d_in = c.d_model if i == 0 else H
-        terms.append(MatmulTerm("layers.rnn.input", t, d_in, G * H))  # W_ih x_t, all t at once
-        terms.append(MatmulTerm("layers.rnn.hidden", t, H, G * H))  # W_hh h_{t-1}, step by step
-    terms.append(MatmulTerm("lm_head", t, H, c.vocab_size))
-    return terms, 0
-
-
-def _doubling_flops(T: int) -> int:
-    """Elementwise operations of recursive doubling over T steps, per state entry."""
-    if T == 1:
-        return 0
-    n = T // 2
-    return 3 * n + _doubling_flops(n) + 2 * ((T + 1) // 2)  # pair up, recurse, fix evens
-
-
-def scan_elementwise_flops(
-    config: MambaConfig, seq_len: int, *, batch: int = 1, scan: str = "parallel"
-) -> int:
-    """The selective scan's elementwise FLOPs over a forward pass (what ``FlopCounterMode``
-    does not count): discretisation ``3EN + E``, the recurrence (``2EN`` per token sequentially;
-    recursive doubling's exact count for ``"parallel"``), and the D skip ``2E``, per token and
-    layer; exp counts as one.
-
-    Raises:
-        ValueError: for a non-positive length or batch, or an unknown scan.
-    """
-    T, B = check_length("seq_len", seq_len), check_length("batch", batch)
-    if scan not in ("parallel", "sequential"):
-        raise ValueError(f"scan={scan!r} is not valid; choose one of ['parallel', 'sequential']")
-    E, N = config.d_inner, config.d_state
-    recurrence = 2 * T if scan == "sequential" else _doubling_flops(T)
-    per_layer = T * (3 * E * N + E + 2 * E) + recurrence * E * N
-    return B * config.n_layers * per_layer
+def is_recurrent_config(config: Any) -> bool:
+    """Whether ``config`` describes a recurrent model (its family's kind is ``RECURRENT_LM``:
+    Mamba, LSTM/GRU; no context length)."""
+    family = None if isinstance(config, type) else find_family(config)
+    return family is not None and family.kind is Kind.RECURRENT_LM
 
 
 def decode_flops_per_token(config: Any, context_len: int) -> int:
@@ -187,30 +74,19 @@ def decode_flops_per_token(config: Any, context_len: int) -> int:
     Raises:
         ValueError: for a non-positive context or a config that does not decode.
     """
-    S = check_length("context_len", context_len) + 1
-    if isinstance(config, MambaConfig | RNNConfig):
-        terms, _ = FLOP_FORMULAS[type(config)](config, 1, 1, None)
-        return sum(t.flops for t in terms)
-    if not isinstance(config, GPTConfig):
+    context = check_length("context_len", context_len)
+    family = None if isinstance(config, type) else find_family(config)
+    costs = family.costs if family is not None else None
+    if costs is None or costs.decode_flops is None:
         raise ValueError(f"decode FLOPs for GPT, Mamba or RNN configs, not {type(config).__name__}")
-    c = config
-    attn, _ = attention_terms(
-        "layers.self_attn", batch=1, q_len=1, kv_len=S, d_model=c.d_model, n_heads=c.n_heads,
-        n_kv_heads=c.n_kv_heads, count=c.n_layers, kv_input_len=1,
-    )  # fmt: skip
-    ffn = ffn_terms(
-        "layers.ffn", tokens=1, d_model=c.d_model, d_ff=c.d_ff, activation=c.activation,
-        count=c.n_layers,
-    )  # fmt: skip
-    head = MatmulTerm("lm_head", 1, c.d_model, c.vocab_size)
-    return sum(t.flops for t in [*attn, *ffn, head])
+    return int(costs.decode_flops(config, context))
 
 
 def recurrent_flops(config: RecurrentConfig, seq_len: int, *, batch: int = 1) -> FlopBreakdown:
     """:func:`~attnlab.analysis.flops.forward_flops` for a recurrent model (``seq_len``
     required: these models have no context length)."""
     T, B = check_length("seq_len", seq_len), check_length("batch", batch)
-    terms, _ = FLOP_FORMULAS[type(config)](config, B, T, None)
+    terms, _ = flop_formula(config)(config, B, T, None)
     return FlopBreakdown(tuple(terms), 0, B, T, None, B * T)
 
 
@@ -230,12 +106,13 @@ def recurrent_state_bytes(
         ValueError: for a non-positive batch, an unknown dtype or another config.
     """
     B, size = check_length("batch", batch), dtype_bytes(dtype)
-    c = config
-    if isinstance(c, MambaConfig):
-        return B * c.n_layers * (c.d_inner * (c.d_conv - 1) * size + c.d_inner * c.d_state * FP32)
-    if isinstance(c, RNNConfig):
-        return B * c.n_layers * c.hidden_size * (2 if c.cell == "lstm" else 1) * size
-    raise ValueError(f"{type(c).__name__} is not a recurrent model (MambaConfig, RNNConfig)")
+    family = None if isinstance(config, type) else find_family(config)
+    costs = family.costs if family is not None else None
+    if costs is None or costs.state_bytes is None:
+        raise ValueError(
+            f"{type(config).__name__} is not a recurrent model (MambaConfig, RNNConfig)"
+        )
+    return int(costs.state_bytes(config, B, size))
 
 
 def decode_state_bytes(
@@ -248,14 +125,12 @@ def decode_state_bytes(
         ValueError: for bad sizes or a config without a decoding state.
     """
     check_length("context_len", context_len)
-    if isinstance(config, MambaConfig | RNNConfig):
+    if is_recurrent_config(config):
         return recurrent_state_bytes(config, batch=batch, dtype=dtype)
     return kv_cache_bytes(config, context_len, batch=batch, dtype=dtype)
 
 
-def state_crossover(
-    recurrent: RecurrentConfig, gpt: GPTConfig, *, dtype: str | int = "float32"
-) -> int:
+def state_crossover(recurrent: RecurrentConfig, gpt: Any, *, dtype: str | int = "float32") -> int:
     """The smallest context length at which ``gpt``'s KV cache is larger than ``recurrent``'s
     state (per sequence)."""
     per_token = kv_cache_bytes_per_token(gpt, dtype=dtype)
@@ -265,11 +140,6 @@ def state_crossover(
 # -- what ``attnlab analyze`` adds for a recurrent model ---------------------------------------
 
 ANALYZE_SEQ_LEN = 1024  # the length analyze uses for a model without a context length
-
-
-def is_recurrent_config(config: Any) -> bool:
-    """Whether ``config`` describes a recurrent model (Mamba, LSTM/GRU: no context length)."""
-    return isinstance(config, MambaConfig | RNNConfig)
 
 
 def state_figures(
@@ -298,21 +168,12 @@ def state_figures(
 
 
 def elementwise_flops(config: RecurrentConfig, seq_len: int, *, batch: int = 1) -> dict[str, int]:
-    """The elementwise FLOPs the matmul totals leave out that the report names:
-    ``{"selective_scan": ...}`` for Mamba (:func:`scan_elementwise_flops` with the config's
-    scan), nothing for the LSTM/GRU (their gates' arithmetic is ``O(t·H)``, not counted)."""
-    if isinstance(config, MambaConfig):
-        return {"selective_scan": scan_elementwise_flops(config, seq_len, batch=batch,
-                                                         scan=config.scan)}  # fmt: skip
-    return {}
-
-
-BREAKDOWNS[MambaConfig] = _mamba_breakdown
-BREAKDOWNS[RNNConfig] = _rnn_breakdown
-PARAM_FORMULAS[MambaConfig] = mamba_params
-PARAM_FORMULAS[RNNConfig] = rnn_params
-FLOP_FORMULAS[MambaConfig] = _mamba_terms
-FLOP_FORMULAS[RNNConfig] = _rnn_terms
+    """The elementwise FLOPs the matmul totals leave out that the report names (its family's
+    declaration): ``{"selective_scan": ...}`` for Mamba (:func:`scan_elementwise_flops` with
+    the config's scan), nothing for the LSTM/GRU (their gates' arithmetic is ``O(t·H)``, not
+    counted)."""
+    costs = family_costs(config, "FLOP formula")
+    return {} if costs.elementwise is None else costs.elementwise(config, seq_len, batch)
 
 
 __all__ = [

@@ -1,10 +1,11 @@
 """Training activations of the recurrent models (Mamba, LSTM/GRU): what autograd keeps for the
 backward of one step, as attnlab's layers produce them.
 
-Importing this module registers :func:`mamba_activation_bytes` and :func:`rnn_activation_bytes`
-in :data:`~attnlab.analysis.memory.ACTIVATION_FORMULAS` (``attnlab.analysis`` imports it), so
-:func:`~attnlab.analysis.memory.activation_bytes`, :func:`~attnlab.analysis.memory.
-training_memory`, the training memory check and ``attnlab analyze`` know them. Assumptions as
+The formulas, :func:`mamba_activation_bytes` and :func:`rnn_activation_bytes`, are the Mamba and
+RNN families' own declarations (:attr:`~attnlab.models.costs.Costs.activations`, beside the
+models), so :func:`~attnlab.analysis.memory.activation_bytes`, :func:`~attnlab.analysis.memory.
+training_memory`, the training memory check and ``attnlab analyze`` know them; this module
+derives them. Assumptions as
 :mod:`~attnlab.analysis.memory`: no dropout, no activation checkpointing; t = B·T tokens.
 
 Mamba, per layer (D d_model, E d_inner, N d_state, R dt_rank, K d_conv), element by element what
@@ -44,57 +45,7 @@ V vocabulary.
 
 from __future__ import annotations
 
-from attnlab.analysis.memory import ACTIVATION_FORMULAS, FP32, INDEX_BYTES
-from attnlab.models.mamba import MambaConfig
-from attnlab.models.rnn import RNNConfig
-
-
-def _result(layers: int, outside: int, **parts: int) -> dict[str, int]:
-    return {
-        "layers": layers,
-        "outside_layers": outside,
-        "attention_scores": 0,
-        **parts,
-        "total": layers + outside,
-    }
-
-
-def mamba_activation_bytes(c: MambaConfig, *, batch: int, seq_len: int, a: int) -> dict[str, int]:
-    """Bytes autograd keeps for one training step of a :class:`~attnlab.models.mamba.MambaLM`
-    on ``batch`` sequences of ``seq_len`` tokens, ``a`` bytes per element (see the module).
-
-    Returns:
-        ``layers``, ``outside_layers``, ``attention_scores`` (0), ``scan_states`` (the
-        ``(B, T, E, N)`` tensors, part of ``layers``) and ``total``.
-    """
-    B, T, D, E, N = batch, seq_len, c.d_model, c.d_inner, c.d_state
-    t = B * T
-    norm = 3 * t * D + t
-    # x_proj reads x through a copy, except for one sequence or one token: (B, T, E) transposed
-    # from (B, E, T) then flattens to a (transposed) matrix that the product reads as it is
-    copies = t * E if B > 1 and T > 1 else 0
-    mixer = 9 * t * E + copies + B * E * (T + c.d_conv - 1) + t * (c.dt_rank_value + 2 * N)
-    states = (2 if c.scan == "parallel" else 3) * t * E * N
-    fp32 = t * E + 2 * E * N + states
-    layers = c.n_layers * ((norm + mixer) * a + fp32 * FP32)
-    outside = 2 * t * INDEX_BYTES + norm * a + t * c.vocab_size * FP32
-    return _result(layers, outside, scan_states=c.n_layers * states * FP32)
-
-
-def rnn_activation_bytes(c: RNNConfig, *, batch: int, seq_len: int, a: int) -> dict[str, int]:
-    """Bytes autograd keeps for one training step of an :class:`~attnlab.models.rnn.RNNLM`
-    (PyTorch's native cell; oneDNN's LSTM keeps more: see the module).
-
-    Returns:
-        ``layers``, ``outside_layers``, ``attention_scores`` (0) and ``total``.
-    """
-    t, H = batch * seq_len, c.hidden_size
-    layers = sum(t * (c.d_model if i == 0 else H) + 7 * t * H for i in range(c.n_layers)) * a
-    outside = 2 * t * INDEX_BYTES + t * H * a + t * c.vocab_size * FP32
-    return _result(layers, outside)
-
-
-ACTIVATION_FORMULAS[MambaConfig] = mamba_activation_bytes
-ACTIVATION_FORMULAS[RNNConfig] = rnn_activation_bytes
+from attnlab.models.mamba import mamba_activation_bytes
+from attnlab.models.rnn import rnn_activation_bytes
 
 __all__ = ["mamba_activation_bytes", "rnn_activation_bytes"]

@@ -29,7 +29,7 @@ from attnlab.analysis.memory import (
     training_memory,
 )
 from attnlab.analysis.moe import MoESummary, moe_summary
-from attnlab.analysis.params import ParamBreakdown, count_params, param_breakdown
+from attnlab.analysis.params import ParamBreakdown, count_params, family_costs, param_breakdown
 from attnlab.analysis.recurrent import (
     ANALYZE_SEQ_LEN,
     elementwise_flops,
@@ -38,9 +38,6 @@ from attnlab.analysis.recurrent import (
 )
 from attnlab.analysis.scaling import Approximation, Crossover, approximations, crossover
 from attnlab.config import config_to_dict
-from attnlab.models.gpt import GPTConfig
-from attnlab.models.transformer import TransformerConfig
-from attnlab.models.vit import ViTConfig
 
 
 @dataclass(frozen=True)
@@ -164,7 +161,7 @@ def analyze(
     memory = training_memory(config, n, batch=batch, src_len=src_len, dtype=dtype)
     acts = activation_bytes(config, n, batch=batch, src_len=src_len, dtype=dtype)
     kv: dict[str, int | None] | None = None
-    if isinstance(config, (GPTConfig, TransformerConfig)):  # decoders cache keys/values
+    if family_costs(config, "analysis").kv_cache is not None:  # decoders cache keys/values
         kv = {
             "bytes_per_token": kv_cache_bytes_per_token(config, dtype=dtype),
             "context_len": n,
@@ -208,21 +205,14 @@ def _notes(
             "state above instead (the cache figure is a Transformer decoder's of the same "
             "d_model and n_layers)"
         )
-        if type(config).model_type == "rnn":
-            notes.append(
-                "the cells' gate arithmetic (elementwise, O(B·T·H)) is not in the FLOPs; the "
-                "activation figure is PyTorch's native cell (the CPU LSTM's oneDNN kernel keeps "
-                "a larger workspace)"
-            )
     if getattr(config, "pos_encoding", None) == "learned" and n > config.max_seq_len:
         notes.append(
             f"seq_len={n} exceeds the learned position table (max_seq_len={config.max_seq_len}):"
             " the model cannot run it; the figures are the architecture's"
         )
-    if isinstance(config, TransformerConfig):
-        notes.append("tokens = target tokens (B·T) for the per-token and 6·N·tokens figures")
-    if isinstance(config, ViTConfig) and n != config.max_seq_len:
-        notes.append(f"seq_len={n} means {n - 1} patches, another image size than the config's")
+    costs = family_costs(config, "analysis")
+    if costs.notes is not None:  # what the family says of its own figures
+        notes += costs.notes(config, n)
     if getattr(config, "n_experts", 0):
         notes.append(
             "MoE: parameters and weight memory count every expert; FLOPs count the k active "

@@ -29,13 +29,12 @@ from attnlab.analysis.measure import (
     mfu,
 )
 from attnlab.analysis.params import count_params
-from attnlab.analysis.recurrent import is_recurrent_config
 from attnlab.analysis.report import analyze, plot_sweep
 from attnlab.analysis.scaling import sweep_seq_len
 from attnlab.analysis.text import format_report, format_sweep, human
 from attnlab.cli.common import check_writable, guarded
 from attnlab.io import read_json
-from attnlab.models.vit import ViTConfig
+from attnlab.models.family import Kind, family_of
 
 # --measure really runs the model on the CPU: refuse what would not fit comfortably.
 MEASURE_MAX_PARAMS = 1_000_000_000
@@ -114,12 +113,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _measure(config: Any, args: argparse.Namespace, training_flops: int) -> dict[str, Any]:
     from attnlab.models import build_model
 
-    if is_recurrent_config(config):
-        why = (
-            "FlopCounterMode miscounts the depthwise convolution's backward"
-            if type(config).model_type == "mamba"
-            else "FlopCounterMode does not see the CPU LSTM's oneDNN kernel"
-        )
+    family = family_of(config)
+    why = family.costs.unmeasured if family.costs is not None else None
+    if why is not None:
         raise ValueError(
             f"--measure cannot check {type(config).__name__}'s closed form: {why} (the tests "
             "compare the two op by op); analyse it without --measure"
@@ -130,7 +126,8 @@ def _measure(config: Any, args: argparse.Namespace, training_flops: int) -> dict
             f"--measure runs the model on the CPU; this one has {n:,} parameters "
             f"(limit {MEASURE_MAX_PARAMS:,}): analyse it without --measure"
         )
-    seq_len = None if isinstance(config, ViTConfig) else args.seq_len
+    # an image classifier's length is its image size: measure the config's own
+    seq_len = None if family.kind is Kind.IMAGE_CLASSIFIER else args.seq_len
     counted = measure_flops(config, seq_len, batch=args.batch, src_len=args.src_len, backward=True)
     model = build_model(config)
     fargs, fkwargs = example_inputs(config, batch=args.batch, seq_len=seq_len, src_len=args.src_len)

@@ -53,6 +53,13 @@ def add_decoding_arguments(
     )  # fmt: skip
     dec.add_argument("--truncate", action="store_true", help="same as --context truncate")
     dec.add_argument("--no-cache", action="store_true", help="recompute the prefix each step")
+    dec.add_argument(
+        "--engine",
+        default="auto",
+        choices=["auto", "eager", "fused"],
+        help="what runs the decoding steps: the model's modules (eager), the fused CPU engine "
+        "(fused), or whichever pays (auto); the tokens are the same",
+    )
 
 
 def decoding_config(
@@ -78,6 +85,7 @@ def decoding_config(
         max_new_tokens=args.max_new_tokens, num_return_sequences=args.num_return_sequences,
         eos_id=() if args.no_eos else (tuple(args.eos_id) if args.eos_id else None),
         use_cache=not args.no_cache, context="truncate" if args.truncate else args.context,
+        engine=getattr(args, "engine", "auto"),
     )  # fmt: skip
     if beams:
         options.update(num_beams=args.num_beams, length_penalty=args.length_penalty,
@@ -103,6 +111,23 @@ _NAMES = ("max_new_tokens", "num_return_sequences", "num_beams", "length_penalty
           "top_p", "min_p", "temperature", "eos_id", "do_sample")  # fmt: skip
 
 
+def engine_line(model: Any, config: GenerationConfig, rows: int, max_new_tokens: int) -> str:
+    """The decode engine a command's call runs on, said in one line (its header, on stderr).
+
+    Raises:
+        CommandError: for ``--engine fused`` on a model the fused engine cannot run.
+    """
+    from attnlab.generation.engines import resolve_engine
+
+    try:
+        choice = resolve_engine(model, config.engine, rows=rows, max_new_tokens=max_new_tokens,
+                                use_cache=config.use_cache)  # fmt: skip
+    except ValueError as e:
+        message = str(e).replace("engine='fused'", "--engine fused")
+        fail(message.replace("use 'eager'", "use --engine eager"))
+    return choice.describe()
+
+
 def _flags(message: str) -> str:
     """``message`` with the Python argument names of generation written as flags."""
     for name in _NAMES:
@@ -117,4 +142,4 @@ def context_message(e: ContextLengthError) -> str:
     return _flags(str(e))
 
 
-__all__ = ["add_decoding_arguments", "context_message", "decoding_config", "ids"]
+__all__ = ["add_decoding_arguments", "context_message", "decoding_config", "engine_line", "ids"]

@@ -132,13 +132,15 @@ def run_explore(args: argparse.Namespace) -> int:
         fail(f"--max-tokens must be >= 1, got {args.max_tokens}")
     check_writable(args.html, what="--html")
     model, tokenizer = load(args.model, args.tokenizer)
-    from attnlab.models import ViT
+    from attnlab.explore.data import explorer_family
 
-    vit = isinstance(model, ViT)
+    family = explorer_family(model)  # a model the explorer shows, else a one-line error
+    vit = not family.kind.reads_text  # an image classifier
+    name = type(model).__name__
     if vit and (args.text is not None or args.target is not None):
-        fail("a ViT reads an image, not text: give --sample N or --image FILE")
+        fail(f"a {name} reads an image, not text: give --sample N or --image FILE")
     if not vit and (args.sample is not None or args.image is not None):
-        fail(f"--sample and --image are for ViT models; {args.model} reads text (--text)")
+        fail(f"--sample and --image are for image models; {args.model} reads text (--text)")
     if args.sample is not None and args.image is not None:
         fail("give one of --sample and --image")
     if args.html is not None and not vit and args.text is None:

@@ -19,7 +19,9 @@ its context like nanoGPT (``--context``); the decoding flags are :mod:`attnlab.c
 A run whose estimated memory (weights, KV cache, prefill, decoding copies) exceeds the available
 RAM exits with status 2, unless ``--ignore-memory-check`` is given. ``--quantize int8|int4``
 quantizes the weights after loading (:mod:`attnlab.cli.quantize`); a quantized model directory
-(``attnlab quantize``) loads as it is.
+(``attnlab quantize``) loads as it is. ``--engine auto|eager|fused`` picks what runs the decoding
+steps (:mod:`attnlab.generation.engines`); the first line on stderr says which one runs and why,
+and ``--json`` prints it with the outputs as one JSON object.
 """
 
 from __future__ import annotations
@@ -30,7 +32,13 @@ from pathlib import Path
 from typing import Any, cast
 
 from attnlab.cli.common import check_device, fail, guarded
-from attnlab.cli.decoding import add_decoding_arguments, context_message, decoding_config, ids
+from attnlab.cli.decoding import (
+    add_decoding_arguments,
+    context_message,
+    decoding_config,
+    engine_line,
+    ids,
+)
 from attnlab.cli.quantize import add_quantize_argument, generation_estimate, quantize_loaded
 from attnlab.cli.speculative import (  # speculative decoding (issue 27)
     add_speculative_arguments,
@@ -63,6 +71,11 @@ def add_parser(commands: Any) -> None:
     add_decoding_arguments(p, max_new_tokens=64, temperature=None, seed=None)
     add_speculative_arguments(p)  # --draft, --num-draft-tokens
     p.add_argument("--no-stream", action="store_true", help="print only at the end")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: the decode engine, the options and every output",
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto")
     p.add_argument(
         "--precision",
@@ -133,7 +146,8 @@ def _check_memory(
     if model_config is not None:
         # float32, a quantized directory or --quantize: attnlab.cli.quantize
         estimate = generation_estimate(
-            directory, model_config, quantize=quantize, cpu=device.startswith("cpu"),
+            directory, model_config, quantize=quantize,
+            cpu=device.startswith("cpu") and config.engine != "eager",  # the engine's copies
             batch=len(prompts), prompt_len=max(1, *map(len, prompts)),
             max_new_tokens=config.max_new_tokens,
             num_beams=max(config.num_beams, config.num_return_sequences),
@@ -167,8 +181,8 @@ def run_generate(args: argparse.Namespace) -> int:
     import torch
 
     import attnlab
-    from attnlab.generation.recurrent import is_recurrent
-    from attnlab.generation.request import resolve_eos
+    from attnlab.generation.request import prepare_request, resolve_eos
+    from attnlab.models.family import Kind, find_family
 
     config, generator = decoding_config(args)
     device = check_device(args.device)
@@ -181,9 +195,11 @@ def run_generate(args: argparse.Namespace) -> int:
 
             _check_memory(resolve_model_directory(args.draft), device, prompts, config)
     model = attnlab.from_pretrained(directory, device=device)
-    decoder_only = isinstance(model, attnlab.GPT) or is_recurrent(model)
-    if not decoder_only and not isinstance(model, attnlab.EncoderDecoderTransformer):
+    family = find_family(model)
+    if family is None or not family.kind.generates:
         fail(f"{args.model} holds a {type(model).__name__}, which does not generate")
+    seq2seq = family.kind is Kind.SEQ2SEQ
+    decoder_only = not seq2seq
     if args.quantize is not None and args.precision != "fp32":
         fail(f"--quantize computes in float32; it does not combine with --precision "
              f"{args.precision}")  # fmt: skip
@@ -191,18 +207,58 @@ def run_generate(args: argparse.Namespace) -> int:
     precision = Precision(args.precision, torch.device(device))
     precision.prepare_model(model)
     eos = set(resolve_eos(cast(Any, model), config.eos_ids))  # a model that generates
-    source_eos = (
-        model.config.eos_id if isinstance(model, attnlab.EncoderDecoderTransformer) else None
-    )
+    source_eos = model.config.eos_id if seq2seq else None
     draft = load_draft(args, model, tokenizer, config, device)  # --draft (speculative decoding)
     if source_eos is not None and not args.no_source_eos:
         prompts = [p if p[-1:] == [source_eos] else [*p, source_eos] for p in prompts]
+    rows = len(prompts) * max(config.num_beams, config.num_return_sequences)
     try:
+        request = prepare_request(model, prompts, config)  # the input's errors come first
+        engine = engine_line(model, config, rows, request.max_new_tokens)
+        if not args.json:
+            print(f"engine: {engine}", file=sys.stderr)  # the header: what decodes
         with precision.autocast():
+            if args.json:
+                return _emit_json(args, model, prompts, config, generator, draft, tokenizer,
+                                  engine)  # fmt: skip
             return _emit(args, model, prompts, config, generator, draft, tokenizer, eos,
                          decoder_only)  # fmt: skip
     except ContextLengthError as e:
         fail(context_message(e))
+
+
+def _emit_json(
+    args: argparse.Namespace, model: Any, prompts: list[list[int]], config: Any, generator: Any,
+    draft: Any, tokenizer: Any, engine: str,
+) -> int:  # fmt: skip
+    """``--json``: one object with the engine, the options and every output row (ids, and text
+    with a tokenizer; beam scores for beam search)."""
+    import json
+
+    from attnlab.generation import beam_search
+
+    scores: list[float] | None = None
+    if config.num_beams != 1:
+        out = beam_search(model, prompts, config)
+        rows = [seq[:n] for seq, n in zip(out.sequences.tolist(), out.lengths.tolist(),
+                                          strict=True)]  # fmt: skip
+        scores = [float(s) for s in out.scores]
+    else:
+        rows = decode(model, prompts, config, generator, args, draft).tolist()
+    outputs: list[dict[str, Any]] = []
+    for i, row in enumerate(rows):
+        item: dict[str, Any] = {"ids": row}
+        if tokenizer is not None:
+            item["text"] = tokenizer.decode(row, skip_special_tokens=True)
+        if scores is not None:
+            item["score"] = scores[i]
+        outputs.append(item)
+    print(json.dumps({
+        "engine": engine.split(" ", 1)[0], "engine_detail": engine,
+        "max_new_tokens": config.max_new_tokens, "num_beams": config.num_beams,
+        "do_sample": config.do_sample, "outputs": outputs,
+    }, indent=2))  # fmt: skip
+    return 0
 
 
 def _emit(

@@ -63,10 +63,15 @@ def _inputs(
     """The forward's positional inputs and the labels of the (source) tokens."""
     import torch
 
-    from attnlab.models import EncoderDecoderTransformer, ViT
+    from attnlab.models.family import Kind, find_family
 
-    if isinstance(model, ViT):
-        fail("attnlab inspect takes text or token ids; a ViT takes images (use attnlab.inspect)")
+    family = find_family(model)
+    kind = family.kind if family is not None else None
+    if kind is Kind.IMAGE_CLASSIFIER:
+        fail(
+            f"attnlab inspect takes text or token ids; a {type(model).__name__} takes images "
+            "(use attnlab.inspect)"
+        )
     if (args.text is None) == (args.ids is None):
         fail("pass exactly one of --text and --ids")
     if args.ids is not None:
@@ -82,7 +87,7 @@ def _inputs(
         fail("the input has no tokens")
     labels = [_label(tokenizer, i) if tokenizer is not None else str(i) for i in ids]
     x = torch.tensor([ids])  # (1, T)
-    if not isinstance(model, EncoderDecoderTransformer):
+    if kind is not Kind.SEQ2SEQ:
         if args.target is not None:
             fail("--target is for encoder-decoder models")
         return (x,), labels

@@ -9,10 +9,16 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from attnlab.cli.common import fail, guarded
-from attnlab.cli.decoding import add_decoding_arguments, context_message, decoding_config
+from attnlab.cli.decoding import (
+    add_decoding_arguments,
+    context_message,
+    decoding_config,
+    engine_line,
+)
 from attnlab.cli.quantize import add_quantize_argument, quantize_loaded
 from attnlab.cli.speculative import add_speculative_arguments, decode, load_draft  # issue 27
 from attnlab.generation import ContextLengthError
@@ -37,7 +43,7 @@ def run_sample(args: argparse.Namespace) -> int:
     """Print the prompt and its continuation."""
     import attnlab
     from attnlab.cli.generate import resolve
-    from attnlab.generation.recurrent import is_recurrent
+    from attnlab.models.family import find_family
 
     if not args.greedy and args.temperature is None and args.num_beams == 1:
         args.temperature = 0.8  # sampling by default
@@ -46,16 +52,19 @@ def run_sample(args: argparse.Namespace) -> int:
     if tokenizer is None:
         fail(f"{args.run} has no tokenizer.json: sample needs a language-model run")
     model = attnlab.from_pretrained(directory)
-    if not isinstance(model, attnlab.GPT) and not is_recurrent(model):
+    family = find_family(model)
+    if family is None or not family.kind.language_model:
         fail(
             f"{args.run} holds a {type(model).__name__}, not a language model "
-            "(GPT, Mamba, LSTM/GRU)"
+            "(a causal LM such as GPT, or a recurrent one: Mamba, LSTM/GRU)"
         )
     model = quantize_loaded(model, args.quantize, args.run)  # --quantize (cli.quantize)
     draft = load_draft(args, model, tokenizer, config, "cpu")  # --draft (speculative decoding)
     prompt = tokenizer.encode(args.prompt)
     if not prompt:
         fail("--prompt is empty: give at least one character to continue")
+    rows = max(config.num_beams, config.num_return_sequences)
+    print(f"engine: {engine_line(model, config, rows, config.max_new_tokens)}", file=sys.stderr)
     try:
         out = decode(model, [prompt], config, generator, args, draft)
     except ContextLengthError as e:

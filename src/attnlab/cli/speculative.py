@@ -63,10 +63,11 @@ def load_draft(
     directory = resolve_model_directory(args.draft)
     tok_file = find_tokenizer(directory)
     draft_tokenizer = load_tokenizer(tok_file) if tok_file is not None else None
-    draft = attnlab.from_pretrained(directory, device=device)
-    if not isinstance(model, attnlab.GPT) or not isinstance(draft, attnlab.GPT):
-        kind = type(model if not isinstance(model, attnlab.GPT) else draft).__name__
-        fail(f"--draft needs a GPT model and a GPT draft, got a {kind}")
+    draft: Any = attnlab.from_pretrained(directory, device=device)
+    wrong = [m for m in (model, draft) if not _causal(m)]
+    if wrong:  # it rolls back KV caches: causal LMs only
+        fail(f"--draft needs a GPT model and a GPT draft (causal LMs), got a "
+             f"{type(wrong[0]).__name__}")  # fmt: skip
     if draft.config.vocab_size != model.config.vocab_size:
         fail(
             f"--draft {args.draft} has a vocabulary of {draft.config.vocab_size} tokens, the "
@@ -85,6 +86,14 @@ def draft_options(args: argparse.Namespace, draft: Any) -> dict[str, Any]:
     if draft is None:
         return {}
     return {"draft_model": draft, "num_draft_tokens": args.num_draft_tokens}
+
+
+def _causal(model: Any) -> bool:
+    """Whether ``model``'s family is a causal LM (speculative decoding's target and draft)."""
+    from attnlab.models.family import Kind, find_family
+
+    family = find_family(model)
+    return family is not None and family.kind is Kind.CAUSAL_LM
 
 
 def decode(

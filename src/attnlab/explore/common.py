@@ -95,7 +95,9 @@ class ExplorerState(Protocol):
     model: Any
     tokenizer: Any
     config: Any
-    family: str
+    family: str  # the family's name, for messages
+    seq2seq: bool  # an encoder-decoder: a source and a decoder input
+    language_model: bool  # next-token views (a causal LM or an encoder-decoder)
     limits: Limits
     max_tokens: int
     lock: Any

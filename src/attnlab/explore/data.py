@@ -48,20 +48,53 @@ from attnlab.explore.lm import StepCache, fill_mask, lens_view, next_token_view
 from attnlab.explore.seq2seq import analyze_seq2seq
 from attnlab.explore.vision import ImageSpec, VisionInput, analyze_image, read_image
 from attnlab.inspect import run_with_cache
-from attnlab.models import BERT, GPT, EncoderDecoderTransformer, ViT
+from attnlab.inspect.points import layout_of
+from attnlab.models.family import Family, Kind, families, find_family
 from attnlab.viz.capture import attention_rollout
 
-FAMILIES = {GPT: "gpt", BERT: "bert", EncoderDecoderTransformer: "seq2seq", ViT: "vit"}
+
+def explorer_family(model: nn.Module) -> Family:
+    """The family of a model the explorer shows: one that declares an explorer view
+    (:attr:`~attnlab.models.family.Family.explorer`) and its hook points.
+
+    Raises:
+        TypeError: for any other model, naming the families the explorer shows.
+    """
+    family = find_family(model)
+    if family is None or family.explorer is None or family.hooks is None:
+        shown = ", ".join(f"{f.name} ({f.model.__name__})" for f in families() if f.explorer)
+        raise TypeError(f"the explorer shows {shown} models, got {type(model).__name__}")
+    return family
+
+
+def __getattr__(name: str) -> Any:
+    """``FAMILIES`` (model class -> view name): deprecated; the explorer reads each family's
+    declaration (:func:`explorer_family`)."""
+    if name == "FAMILIES":
+        import warnings
+
+        warnings.warn(
+            "attnlab.explore.data.FAMILIES is deprecated: each family declares its explorer "
+            "view (attnlab.models.family.Family.explorer)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return {f.model: f.name for f in families() if f.explorer is not None}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Explorer:
     """A model, its tokenizer and the input bounds; the views as JSON-able dicts.
 
+    What it shows follows the model's family (:attr:`~attnlab.models.family.Family.explorer`,
+    its :class:`~attnlab.models.family.Kind` and hook layout): attention for every family; the
+    next token, a generation step and the logit lens for a causal LM or an encoder-decoder;
+    ``[MASK]`` filling for an encoder with a masked-LM head; an image classifier's patch grid.
+
     Args:
-        model: a :class:`~attnlab.models.GPT`, :class:`~attnlab.models.BERT`,
-            :class:`~attnlab.models.EncoderDecoderTransformer` or :class:`~attnlab.models.ViT`
-            (put in eval mode here). A ViT's input is an image, not text
-            (:mod:`attnlab.explore.vision`).
+        model: a model whose family declares an explorer view: GPT, BERT, the encoder-decoder
+            Transformer, ViT (put in eval mode here). An image classifier's input is an image,
+            not text (:mod:`attnlab.explore.vision`).
         tokenizer: an attnlab tokenizer (``encode``/``decode``); ``None`` uses UTF-8 bytes when
             the vocabulary has at least 256 entries, else only ids are accepted.
         name: what the page calls the model.
@@ -78,14 +111,16 @@ class Explorer:
         self, model: nn.Module, tokenizer: Any = None, *, name: str = "model",
         limits: Limits | None = None, default_text: str = "", images: ImageSpec | None = None,
     ) -> None:  # fmt: skip
-        family = next((f for cls, f in FAMILIES.items() if isinstance(model, cls)), None)
-        if family is None:
-            raise TypeError(
-                f"the explorer shows GPT, BERT, encoder-decoder and ViT models, got "
-                f"{type(model).__name__}"
-            )
+        family = explorer_family(model)
         self.model = model.train(False)
-        self.family = family
+        self.family = family.name  # for messages and info()
+        self.kind = family.kind
+        self.seq2seq = family.kind is Kind.SEQ2SEQ
+        self.causal = family.kind is Kind.CAUSAL_LM  # next token from the prefix's logits
+        self.language_model = self.causal or self.seq2seq  # next token, a step, the lens
+        layout = layout_of(model)
+        self.has_logits = layout.head is not None and family.kind.reads_text
+        self.masked_lm = family.kind is Kind.ENCODER and self.has_logits
         self.name = name
         self.default_text = default_text
         self.limits = limits or Limits()
@@ -100,11 +135,12 @@ class Explorer:
                 getattr(backend, method)()
         self.max_tokens = min(self.limits.max_tokens, int(c.max_seq_len))
         self.lock = threading.RLock()
-        self.step_cache = StepCache() if family == "gpt" else None
+        self.step_cache = StepCache() if self.causal else None
         self.images: ImageSpec | None = None
         self.max_body_bytes = self.limits.max_body_bytes
         self.default_input: dict[str, Any] | None = None  # a ViT's first image (the page's)
-        if family == "vit":
+        self.vision = not family.kind.reads_text
+        if self.vision:
             self.images = images or ImageSpec.for_config(c)
             if c.max_seq_len > self.limits.max_tokens:
                 raise ValueError(
@@ -122,6 +158,7 @@ class Explorer:
         return {
             "name": self.name,
             "family": self.family,
+            "kind": self.kind.value,
             "model_type": type(c).model_type,
             "n_layers": c.n_layers,
             "n_heads": c.n_heads,
@@ -133,11 +170,11 @@ class Explorer:
             "max_body_bytes": self.limits.max_body_bytes,
             "max_top": self.limits.max_top,
             "text_input": self.tokenizer is not None,
-            "language_model": self.family in ("gpt", "seq2seq"),
-            "seq2seq": self.family == "seq2seq",
-            "n_decoder_layers": self.n_layers("decoder") if self.family == "seq2seq" else None,
+            "language_model": self.language_model,
+            "seq2seq": self.seq2seq,
+            "n_decoder_layers": self.n_layers("decoder") if self.seq2seq else None,
             "stacks": list(self.stacks()),
-            "masked_lm": self.family == "bert" and getattr(self.model, "mlm", None) is not None,
+            "masked_lm": self.masked_lm,
             "mask_token": self._mask_token(),
             "default_text": self.default_text,
             "pos_encoding": c.pos_encoding,
@@ -163,11 +200,11 @@ class Explorer:
             ValueError, TypeError: for a model that is no ViT, or a bad image or index.
         """
         if self.images is None:
-            raise ValueError(f"images are for ViT models, not {self.family}: give text or ids")
+            raise ValueError(f"images are for image models, not {self.family}: give text or ids")
         return read_image(self.images, image, sample)
 
     def _mask_token(self) -> str | None:
-        if self.family != "bert" or self.tokenizer is None:
+        if not self.masked_lm or self.tokenizer is None:
             return None
         try:
             self.tokenizer.token_id("[MASK]")
@@ -238,7 +275,7 @@ class Explorer:
 
     def stacks(self) -> tuple[str, ...]:
         """The attention stacks of the model: ``("self",)`` or encoder, decoder, cross."""
-        return ("encoder", "decoder", "cross") if self.family == "seq2seq" else ("self",)
+        return ("encoder", "decoder", "cross") if self.seq2seq else ("self",)
 
     def n_layers(self, stack: str = "self") -> int:
         """Layers of one stack."""
@@ -256,7 +293,7 @@ class Explorer:
             if target is not None:
                 raise ValueError("a target is for encoder-decoder models")
             return (ids.input,)
-        if self.family != "seq2seq":
+        if not self.seq2seq:
             if target is not None:
                 raise ValueError("a target is for encoder-decoder models")
             return (torch.tensor([ids]),)
@@ -299,14 +336,17 @@ class Explorer:
             if self.images is None or text is not None or target is not None:
                 raise ValueError("an image is for a ViT, alone (no text, no target)")
             return analyze_image(self, self.images, ids)
-        if self.family == "vit":
-            raise ValueError("a ViT reads an image: give 'image' or 'sample', not text or ids")
-        if self.family == "seq2seq":
+        if self.vision:
+            raise ValueError(
+                f"a {type(self.model).__name__} reads an image: give 'image' or 'sample', "
+                "not text or ids"
+            )
+        if self.seq2seq:
             return analyze_seq2seq(self, self.encode(text, ids), target)
         if target is not None:
             raise ValueError("a target is for encoder-decoder models")
         seq = self.encode(text, ids)
-        has_logits = self.family == "gpt" or getattr(self.model, "mlm", None) is not None
+        has_logits = self.has_logits
         with self.lock:
             names = ["layers.*.attn.weights"] + (["logits"] if has_logits else [])
             _, cache = self._run(seq, names)
@@ -321,7 +361,7 @@ class Explorer:
                 "cost": cost_panel(self.config, len(seq)),
             }
             logits = cache["logits"][0].float() if has_logits else None  # (T, V)
-            if self.family == "gpt" and logits is not None:
+            if self.causal and logits is not None:
                 out["next"] = next_token_view(self, logits[-1])
                 out["lens"] = lens_view(self, seq, position=len(seq) - 1)
             elif logits is not None:
@@ -400,4 +440,4 @@ class Explorer:
         return out
 
 
-__all__ = ["FAMILIES", "STACKS", "Explorer", "Limits", "check_int", "pack", "unpack"]
+__all__ = ["STACKS", "Explorer", "Limits", "check_int", "explorer_family", "pack", "unpack"]

@@ -165,7 +165,7 @@ class StepCache:
 
 
 def _check_lm(explorer: ExplorerState, what: str) -> None:
-    if explorer.family not in ("gpt", "seq2seq"):
+    if not explorer.language_model:
         raise ValueError(f"{what} needs a language model, not {explorer.family}")
 
 
@@ -190,7 +190,7 @@ def step(
         ValueError: for a model that is no language model or an input already at the bound.
     """
     _check_lm(explorer, "a generation step")
-    seq2seq = explorer.family == "seq2seq"
+    seq2seq = explorer.seq2seq
     grown = list(explorer.inputs(ids, target)[-1][0].tolist())
     if len(grown) + 1 > explorer.max_tokens:
         raise ValueError(

@@ -50,17 +50,20 @@ def explore_html(
     from attnlab.explore.seq2seq import encode_target
 
     seq: Any
-    if explorer.family == "vit":
+    if explorer.vision:
         if text is not None or ids is not None or target is not None:
-            raise ValueError("a ViT's page shows an image: give image or sample, not text")
+            raise ValueError(
+                f"a {type(explorer.model).__name__}'s page shows an image: give image or sample, "
+                "not text"
+            )
         seq = explorer.read_image(image, sample)
     else:
         if image is not None or sample is not None:
-            raise ValueError(f"image and sample are for ViT models, not {explorer.family}")
+            raise ValueError(f"image and sample are for image models, not {explorer.family}")
         seq = explorer.encode(text, None if ids is None else list(ids))
-    if target is not None and explorer.family != "seq2seq":
+    if target is not None and not explorer.seq2seq:
         raise ValueError("target is for encoder-decoder models")
-    tgt = encode_target(explorer, target) if explorer.family == "seq2seq" else None
+    tgt = encode_target(explorer, target) if explorer.seq2seq else None
     data = {
         "info": explorer.info(),
         "text": text if text is not None else "",

@@ -65,19 +65,22 @@ class RequestError(Exception):
 def _ids(explorer: Explorer, body: dict[str, Any]) -> Any:
     """The request's input: token ids (from ``"text"`` or ``"ids"``), or a ViT's image (from
     ``"image"`` or ``"sample"``)."""
-    if explorer.family == "vit":
+    if explorer.vision:
         if body.get("text") is not None or body.get("ids") is not None:
-            raise ValueError("a ViT reads an image: give 'image' or 'sample', not text or ids")
+            raise ValueError(
+                f"a {type(explorer.model).__name__} reads an image: give 'image' or 'sample', "
+                "not text or ids"
+            )
         return explorer.read_image(body.get("image"), body.get("sample"))
     if body.get("image") is not None:  # ("sample" is a step's sampling switch there)
-        raise ValueError(f"'image' is for ViT models, not {explorer.family}")
+        raise ValueError(f"'image' is for image models, not {explorer.family}")
     return explorer.encode(body.get("text"), body.get("ids"))
 
 
 def _target(explorer: Explorer, body: dict[str, Any]) -> list[int] | None:
     """An encoder-decoder's decoder input (``"target"`` text or ``"target_ids"``)."""
     text, ids = body.get("target"), body.get("target_ids")
-    if explorer.family != "seq2seq":
+    if not explorer.seq2seq:
         if text is not None or ids is not None:
             raise ValueError("'target' and 'target_ids' are for encoder-decoder models")
         return None
@@ -85,13 +88,13 @@ def _target(explorer: Explorer, body: dict[str, Any]) -> list[int] | None:
 
 
 def _analyze(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
-    if explorer.family == "vit":
+    if explorer.vision:
         return explorer.analyze(ids=_ids(explorer, body))
     return explorer.analyze(body.get("text"), body.get("ids"), target=_target(explorer, body))
 
 
 def _language_model(explorer: Explorer, what: str) -> None:
-    if explorer.family not in ("gpt", "seq2seq"):
+    if not explorer.language_model:
         raise ValueError(f"{what} is for language models, not {explorer.family}")
 
 
@@ -129,7 +132,7 @@ def _step(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _lens(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
-    if explorer.family not in ("gpt", "seq2seq"):
+    if not explorer.language_model:
         raise ValueError(f"the logit lens view is for language models, not {explorer.family}")
     ids, target = _ids(explorer, body), _target(explorer, body)
     n = len(explorer.inputs(ids, target)[-1][0])  # positions of the (decoder) input
@@ -138,7 +141,7 @@ def _lens(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _translate(explorer: Explorer, body: dict[str, Any]) -> dict[str, Any]:
-    if explorer.family != "seq2seq":
+    if not explorer.seq2seq:
         raise ValueError(f"translation is for encoder-decoder models, not {explorer.family}")
     return translate(
         explorer, _ids(explorer, body), num_beams=body.get("num_beams", 4),

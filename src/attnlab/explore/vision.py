@@ -36,9 +36,21 @@ from torch import Tensor
 
 from attnlab.explore.common import ExplorerState, check_int, pack
 from attnlab.explore.cost import cost_panel
+from attnlab.models.family import ImageShape, family_of
 from attnlab.viz.capture import attention_rollout
 
 DIGITS_CLASSES = tuple(str(i) for i in range(10))
+
+
+def _image_shape(config: Any) -> ImageShape:
+    """An image classifier's input shape, as its family declares it for the explorer."""
+    family = family_of(config, what="the explorer's image view")
+    spec = family.explorer
+    if spec is None or spec.images is None:
+        raise TypeError(f"{type(config).__name__}: its family declares no image view")
+    return spec.images(config)
+
+
 DATASETS = ("digits", "cifar10")
 
 
@@ -69,7 +81,7 @@ class ImageSpec:
         options: the digits recipe's split options (``test_fraction``, ``val_fraction``,
             ``split_seed``) when they differ from the recipe's defaults.
         data_path: a directory holding CIFAR-10's ``train.npz``/``test.npz`` (default: the
-            data folders of :func:`attnlab.training.cifar10.load_cifar10`).
+            data folders of :func:`attnlab.data.cifar10.load_cifar10`).
 
     Raises:
         ValueError: for an unknown data set, or one whose images do not fit the model.
@@ -102,13 +114,14 @@ class ImageSpec:
     ) -> ImageSpec:
         """The spec of a ViT config, from the recipe that trained it when known (a run
         directory's ``run.json``), else from its image shape."""
-        size, channels = int(config.image_size), int(config.in_channels)
+        shape = _image_shape(config)
+        size, channels = shape.size, shape.channels
         dataset = recipe if recipe in DATASETS else None
         if recipe is None:
             dataset = {(8, 1): "digits", (32, 3): "cifar10"}.get((size, channels))
         keep = ("test_fraction", "val_fraction", "split_seed")
         opts = {k: v for k, v in (options or {}).items() if k in keep}
-        return cls(size, channels, int(config.patch_size), dataset, opts)
+        return cls(size, channels, shape.patch, dataset, opts)
 
     @property
     def grid(self) -> int:
@@ -121,7 +134,7 @@ class ImageSpec:
         if self.dataset == "digits":
             return DIGITS_CLASSES
         if self.dataset == "cifar10":
-            from attnlab.training.cifar10 import CLASSES
+            from attnlab.data.cifar10 import CLASSES
 
             return tuple(CLASSES)
         return None
@@ -132,7 +145,7 @@ class ImageSpec:
         with self._lock:
             if self._data is None:
                 if self.dataset == "digits":
-                    from attnlab.training.data import ArrayImageDataset, load_digits
+                    from attnlab.data.images import ArrayImageDataset, load_digits
 
                     images, labels = load_digits()
                     o = {"test_fraction": 0.2, "val_fraction": 0.1, "split_seed": 1, **self.options}
@@ -141,7 +154,7 @@ class ImageSpec:
                         val_fraction=o["val_fraction"], seed=o["split_seed"],
                     )  # fmt: skip
                 elif self.dataset == "cifar10":
-                    from attnlab.training.cifar10 import Cifar10
+                    from attnlab.data.cifar10 import Cifar10
 
                     try:
                         self._data = Cifar10.load(self.data_path, n_val=1000, download=False)
@@ -192,7 +205,7 @@ class ImageSpec:
             data = self._load()
             return (x * 16 - data.mean) / data.std
         if self.dataset == "cifar10":
-            from attnlab.training.cifar10 import MEAN, STD
+            from attnlab.data.cifar10 import MEAN, STD
 
             mean, std = torch.tensor(MEAN).view(1, 3, 1, 1), torch.tensor(STD).view(1, 3, 1, 1)
             return (x - mean) / std

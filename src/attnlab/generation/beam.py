@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.generation.config import LENGTH_NORM_NAMES, GenerationConfig, resolve_config
+from attnlab.generation.engines import DecodeSession, resolve_engine, runner_for
 from attnlab.generation.processors import (
     LogitsProcessor,
     LogitsProcessorList,
@@ -89,6 +90,7 @@ def beam_search(
     *,
     attention_mask: Tensor | None = None,
     processors: Iterable[LogitsProcessor] = (),
+    decode_session: DecodeSession | None = None,
     **options: Any,
 ) -> BeamSearchOutput:
     """Beam search for a GPT, a recurrent LM or an encoder-decoder model (see the module doc).
@@ -96,7 +98,9 @@ def beam_search(
     Takes the :class:`~attnlab.generation.GenerationConfig` of
     :func:`~attnlab.generation.generate` (``num_beams`` K, default 4 here; ``length_penalty``
     α; ``length_norm``; ``num_return_sequences`` R with ``1 <= R <= K``); ``processors`` are
-    applied to the log-probabilities ``(B·K, V)`` before scoring.
+    applied to the log-probabilities ``(B·K, V)`` before scoring; the decode engine
+    (``engine``, :mod:`attnlab.generation.engines`) runs the ``B·K`` rows, on a held
+    ``decode_session`` if given.
 
     Raises:
         ValueError: for R outside ``[1, K]``, sampling options, and the input errors of
@@ -111,8 +115,17 @@ def beam_search(
     request = prepare_request(model, input_ids, cfg, attention_mask=attention_mask)
     num_beams, alpha = cfg.num_beams, cfg.length_penalty
     chain = LogitsProcessorList(processors)
-    with eval_mode(request.model), torch.inference_mode():
-        session = open_session(request, use_cache=cfg.use_cache)
+    rows = request.prompts.batch_size * num_beams
+    choice = resolve_engine(
+        request.model, cfg.engine, rows=rows, max_new_tokens=request.max_new_tokens,
+        use_cache=cfg.use_cache, held=decode_session is not None,
+    )  # fmt: skip
+    with (
+        eval_mode(request.model),
+        runner_for(request.model, choice, rows, decode_session) as runner,
+        torch.inference_mode(),
+    ):
+        session = open_session(request, use_cache=cfg.use_cache, runner=runner)
         search = _BeamState(
             batch=request.prompts.batch_size,
             beams=num_beams,

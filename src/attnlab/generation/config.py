@@ -27,6 +27,7 @@ from attnlab.config import Config, check_choice, check_positive
 
 ContextPolicy = Literal["slide", "truncate", "error"]
 CONTEXT_POLICIES = ("slide", "truncate", "error")
+ENGINE_NAMES = ("auto", "eager", "fused")  # attnlab.generation.engines.ENGINES
 LENGTH_NORM_NAMES = ("gnmt", "power")  # attnlab.generation.beam.LENGTH_NORMS
 
 
@@ -59,6 +60,9 @@ class GenerationConfig(Config):
             EOS, else 0.
         use_cache: ``False`` recomputes the whole prefix at every step (slow; a reference).
         context: what happens beyond the model's context (see the module docstring).
+        engine: what runs the decoding steps: ``"auto"`` (default), ``"eager"`` (the model's
+            own modules) or ``"fused"`` (the fused CPU engine); see
+            :mod:`attnlab.generation.engines`. Every engine gives the eager path's tokens.
     """
 
     max_new_tokens: int = 64
@@ -75,6 +79,7 @@ class GenerationConfig(Config):
     pad_id: int | None = None
     use_cache: bool = True
     context: ContextPolicy = "slide"
+    engine: Literal["auto", "eager", "fused"] = "auto"
 
     def validate(self) -> None:
         """Ranges and the combinations that cannot work together.
@@ -93,6 +98,7 @@ class GenerationConfig(Config):
         if self.min_p is not None and not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         check_choice("length_norm", self.length_norm, LENGTH_NORM_NAMES)
+        check_choice("engine", self.engine, ENGINE_NAMES)
         for name, ids in (("eos_id", self.eos_ids or ()), ("pad_id", (self.pad_id,))):
             bad = [i for i in ids if i is not None and i < 0]
             if bad:

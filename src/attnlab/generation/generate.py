@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from attnlab.generation.beam import beam_search
 from attnlab.generation.config import GenerationConfig, resolve_config
+from attnlab.generation.engines import DecodeSession, EngineChoice, resolve_engine, runner_for
 from attnlab.generation.processors import (
     LogitsProcessor,
     build_processors,
@@ -50,11 +51,7 @@ from attnlab.generation.speculative import (
     speculative_generate,
     speculative_stream,
 )
-from attnlab.models.gpt import GPT
-from attnlab.models.mamba import MambaLM
-from attnlab.models.rnn import RNNLM
-from attnlab.models.transformer import EncoderDecoderTransformer
-from attnlab.transforms.decode_weights import decode_layout
+from attnlab.models.base import IMPLEMENTATIONS
 
 
 def stream(
@@ -67,6 +64,7 @@ def stream(
     generator: torch.Generator | None = None,
     draft_model: nn.Module | None = None,
     num_draft_tokens: int | None = None,
+    decode_session: DecodeSession | None = None,
     **options: Any,
 ) -> Iterator[StepOutput]:
     """Greedy or sampled decoding, one :class:`StepOutput` per generated token.
@@ -98,7 +96,12 @@ def stream(
         min_p=cfg.min_p if sample else None,
         extra=processors,
     )
-    return _steps(request, chain, sample, generator, cfg.num_return_sequences, cfg.use_cache)
+    rows = request.prompts.batch_size * cfg.num_return_sequences
+    choice = resolve_engine(
+        model, cfg.engine, rows=rows, max_new_tokens=request.max_new_tokens,
+        use_cache=cfg.use_cache, held=decode_session is not None,
+    )  # fmt: skip
+    return _steps(request, chain, sample, generator, cfg, choice, decode_session)
 
 
 def _steps(
@@ -106,15 +109,17 @@ def _steps(
     chain: LogitsProcessor,
     sample: bool,
     generator: torch.Generator | None,
-    num_return_sequences: int,
-    use_cache: bool,
+    cfg: GenerationConfig,
+    choice: EngineChoice,
+    decode_session: DecodeSession | None,
 ) -> Iterator[StepOutput]:
     """The decoding loop. Grad mode is switched off per step, not across ``yield``."""
     model, eos, pad = request.model, request.eos, request.pad_id
+    num_return_sequences = cfg.num_return_sequences
     rows = request.prompts.batch_size * num_return_sequences
-    with eval_mode(model), decode_layout(model, rows):
+    with eval_mode(model), runner_for(model, choice, rows, decode_session) as runner:
         with torch.inference_mode():
-            session = open_session(request, use_cache=use_cache)
+            session = open_session(request, use_cache=cfg.use_cache, runner=runner)
             logits = session.prefill()  # (B, V)
             B = logits.shape[0]
             if num_return_sequences > 1:
@@ -146,6 +151,7 @@ def generate(
     generator: torch.Generator | None = None,
     draft_model: nn.Module | None = None,
     num_draft_tokens: int | None = None,
+    decode_session: DecodeSession | None = None,
     **options: Any,
 ) -> Tensor:
     """Generate up to ``max_new_tokens`` tokens after each prompt (or for each source).
@@ -166,10 +172,14 @@ def generate(
             distribution (sampling), fewer target forwards; its acceptance statistics are
             logged at INFO level (``speculative_generate`` returns them).
         num_draft_tokens: ``k``, the draft's proposals per target forward (default 4).
+        decode_session: a :class:`~attnlab.generation.engines.DecodeSession` held across calls
+            (the fused engine's copies made once), used when the call runs the fused engine.
         options: :class:`~attnlab.generation.GenerationConfig` fields overriding ``config``
             (``max_new_tokens``, ``do_sample``, ``temperature``, ``top_k``, ``top_p``,
             ``min_p``, ``num_beams``, ``length_penalty``, ``length_norm``,
-            ``num_return_sequences``, ``eos_id``, ``pad_id``, ``use_cache``, ``context``).
+            ``num_return_sequences``, ``eos_id``, ``pad_id``, ``use_cache``, ``context``,
+            ``engine``: ``"auto"``, ``"eager"`` or ``"fused"``, see
+            :mod:`attnlab.generation.engines`).
 
     Shapes:
         returns ``(B·R, N)`` int64: the new tokens only (no prompt), ``N <= max_new_tokens``,
@@ -193,11 +203,12 @@ def generate(
         ).sequences  # fmt: skip
     if cfg.num_beams > 1:
         return beam_search(
-            model, input_ids, cfg, attention_mask=attention_mask, processors=processors
-        ).sequences
+            model, input_ids, cfg, attention_mask=attention_mask, processors=processors,
+            decode_session=decode_session,
+        ).sequences  # fmt: skip
     steps = stream(
         model, input_ids, cfg, attention_mask=attention_mask, processors=processors,
-        generator=generator,
+        generator=generator, decode_session=decode_session,
     )  # fmt: skip
     return torch.stack([step.tokens for step in steps], dim=1)  # (B·R, N)
 
@@ -213,18 +224,8 @@ def _k(num_draft_tokens: int | None) -> int:
     return DEFAULT_DRAFT_TOKENS if num_draft_tokens is None else num_draft_tokens
 
 
-def _generate_method(
-    self: nn.Module, input_ids: PromptInput, *, max_new_tokens: int, **kwargs: Any
-) -> Tensor:
-    """``attnlab.generate(self, input_ids, max_new_tokens=..., **kwargs)``: the new tokens
-    ``(B·R, N)``; see :func:`attnlab.generation.generate` for every option."""
-    return generate(self, input_ids, max_new_tokens=max_new_tokens, **kwargs)
-
-
-# The Hugging Face-style convenience ``model.generate(...)``, attached here: the model files know
-# only their layers.
-for _cls in (GPT, EncoderDecoderTransformer, MambaLM, RNNLM):
-    setattr(_cls, "generate", _generate_method)  # noqa: B010
+# ``model.generate(...)`` (attnlab.models.base.GenerationMixin) calls this function.
+IMPLEMENTATIONS.add("generate", generate)
 
 
 __all__ = ["StepOutput", "generate", "stream"]

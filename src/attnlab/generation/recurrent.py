@@ -1,9 +1,10 @@
 """Decoding a recurrent model (Mamba, LSTM/GRU) through the same :class:`Session` interface as
 the KV cache: a constant-size state instead of a growing cache.
 
-A model decodes this way when it has a ``new_state(batch)`` method (:func:`is_recurrent`: a
-capability, not a list of classes) and its ``forward(ids, state=state)`` continues the sequence
-the state has seen, updating the state in place; the state has ``reorder(index)`` (beam search,
+A model decodes this way when its family's kind is ``RECURRENT_LM`` (:func:`is_recurrent`;
+:mod:`attnlab.models.family`): it has a ``new_state(batch)`` method and its
+``forward(ids, state=state)`` continues the sequence the state has seen, updating the state in
+place; the state has ``reorder(index)`` (beam search,
 several samples per prompt) and a class method ``cat(states)`` that stacks rows.
 
 - *prefill*: the prompt runs in one parallel call (the parallel scan, or cuDNN/oneDNN's whole
@@ -30,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.generation.prompts import Prompts
+from attnlab.models.family import Kind, find_family
 
 
 class RecurrentState(Protocol):
@@ -49,8 +51,10 @@ class RecurrentLM(Protocol):
 
 
 def is_recurrent(model: object) -> bool:
-    """Whether ``model`` decodes with a recurrent state: a module with ``new_state``."""
-    return isinstance(model, nn.Module) and isinstance(model, RecurrentLM)
+    """Whether ``model`` decodes with a recurrent state: its family's kind is
+    ``RECURRENT_LM``."""
+    family = find_family(model) if isinstance(model, nn.Module) else None
+    return family is not None and family.kind is Kind.RECURRENT_LM
 
 
 class RecurrentSession:

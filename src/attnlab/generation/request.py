@@ -10,8 +10,9 @@ Context length: ``config.max_seq_len``. A decoder-only prompt plus its new token
 must each fit. What happens otherwise is the generation config's ``context`` policy
 (:mod:`attnlab.generation.config`): slide a window (decoder-only), lower ``max_new_tokens``, or
 raise :class:`~attnlab.generation.config.ContextLengthError` saying by how much.
-Recurrent models (:func:`~attnlab.generation.recurrent.is_recurrent`: Mamba, LSTM/GRU) have no
-context limit: no policy applies to them.
+Recurrent models (kind ``RECURRENT_LM``: Mamba, LSTM/GRU) have no context limit: no policy
+applies to them. What a model generates with is its family's declaration
+(:mod:`attnlab.models.family`): its kind's standard session, or a session of its own.
 """
 
 from __future__ import annotations
@@ -19,19 +20,28 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from attnlab.generation.config import ContextLengthError, GenerationConfig
+from attnlab.generation.engines import Runner
 from attnlab.generation.prompts import PromptInput, Prompts, pack_prompts
-from attnlab.generation.recurrent import RecurrentLM, RecurrentSession, is_recurrent
+from attnlab.generation.recurrent import RecurrentSession
 from attnlab.generation.session import DecoderOnlySession, EncoderDecoderSession, Session
-from attnlab.models.gpt import GPT
-from attnlab.models.transformer import EncoderDecoderTransformer
+from attnlab.models.family import Family, Kind, family_of
 
-GenerativeModel = GPT | EncoderDecoderTransformer
+GenerativeModel = Any
+"""A model whose family's :class:`~attnlab.models.family.Kind` generates (causal LM,
+encoder-decoder, recurrent LM)."""
+
+# the standard session of each kind that generates (a family may declare its own)
+STANDARD_SESSIONS: dict[Kind, Any] = {
+    Kind.CAUSAL_LM: DecoderOnlySession,
+    Kind.SEQ2SEQ: EncoderDecoderSession,
+    Kind.RECURRENT_LM: RecurrentSession,
+}
 
 
 @dataclass(frozen=True)
@@ -61,7 +71,7 @@ class GenerationRequest:
             new tokens exceed it (``None``: everything fits).
     """
 
-    model: GenerativeModel | nn.Module  # nn.Module: a recurrent LM (is_recurrent)
+    model: GenerativeModel
     prompts: Prompts
     max_new_tokens: int
     eos: Tensor
@@ -70,8 +80,13 @@ class GenerationRequest:
     window: int | None = None
 
     @property
+    def family(self) -> Family:
+        """The model's family (its kind decides the session)."""
+        return family_of(self.model)
+
+    @property
     def is_encoder_decoder(self) -> bool:
-        return isinstance(self.model, EncoderDecoderTransformer)
+        return self.family.kind is Kind.SEQ2SEQ
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -79,9 +94,7 @@ def _model_device(model: nn.Module) -> torch.device:
     return param.device if param is not None else torch.device("cpu")
 
 
-def resolve_eos(
-    model: GenerativeModel | RecurrentLM, eos_id: int | Sequence[int] | None
-) -> list[int]:
+def resolve_eos(model: GenerativeModel, eos_id: int | Sequence[int] | None) -> list[int]:
     """``eos_id`` as a list: ``None`` -> the config's ``eos_id`` (none if unset); an empty
     sequence disables stopping."""
     if eos_id is None:
@@ -93,7 +106,7 @@ def resolve_eos(
 
 
 def prepare_request(
-    model: nn.Module,
+    model: Any,
     input_ids: PromptInput,
     config: GenerationConfig,
     *,
@@ -102,27 +115,19 @@ def prepare_request(
     """Validate a generation call and pack its prompts.
 
     Raises:
-        TypeError: for a model that is neither a :class:`GPT`, an
-            :class:`EncoderDecoderTransformer` nor a recurrent LM (``new_state``).
+        TypeError: for a model whose family does not generate (an encoder, an image
+            classifier) or that belongs to no family.
         ValueError: for empty prompts, ids outside the vocabulary, EOS/pad ids outside it.
         ContextLengthError: for prompts/new tokens that the context policy cannot fit.
     """
-    recurrent = is_recurrent(model)
-    if not isinstance(model, (GPT, EncoderDecoderTransformer, RecurrentLM)):
-        raise TypeError(
-            "generation needs a GPT or an EncoderDecoderTransformer (or a recurrent LM: a "
-            f"model with new_state), got {type(model).__name__}"
-        )
+    family = generating_family(model)
+    recurrent = family.kind is Kind.RECURRENT_LM
     cfg: Any = model.config
-    enc_dec = isinstance(model, EncoderDecoderTransformer)
+    enc_dec = family.kind is Kind.SEQ2SEQ
     vocab = cfg.target_vocab_size if enc_dec else cfg.vocab_size
     eos, pad_id = _special_ids(model, config, vocab)
     in_vocab = cfg.vocab_size
-    if (
-        isinstance(model, EncoderDecoderTransformer)
-        and attention_mask is None
-        and isinstance(input_ids, Tensor)
-    ):
+    if enc_dec and attention_mask is None and isinstance(input_ids, Tensor):
         attention_mask = model.default_src_mask(
             input_ids.unsqueeze(0) if input_ids.dim() == 1 else input_ids
         )
@@ -149,8 +154,23 @@ def prepare_request(
     )
 
 
+def generating_family(model: nn.Module) -> Family:
+    """The family of a model that generates.
+
+    Raises:
+        TypeError: for a model of no family, or of a kind that does not generate.
+    """
+    family = family_of(model, what="generation")
+    if not family.kind.generates:
+        raise TypeError(
+            f"generation needs a language model (causal LM, encoder-decoder or recurrent LM); "
+            f"{type(model).__name__} is of kind {family.kind.value!r}"
+        )
+    return family
+
+
 def _special_ids(
-    model: GenerativeModel | RecurrentLM, config: GenerationConfig, vocab: int
+    model: GenerativeModel, config: GenerationConfig, vocab: int
 ) -> tuple[list[int], int]:
     """The EOS ids and the pad id of a call (the config's, else the model's), checked against
     the output vocabulary."""
@@ -201,17 +221,23 @@ def _fit_context(
     return room, None  # truncate (and an encoder-decoder's "slide")
 
 
-def open_session(request: GenerationRequest, *, use_cache: bool = True) -> Session:
-    """The decoding session of ``request``'s model kind (call under ``inference_mode``)."""
+def open_session(
+    request: GenerationRequest, *, use_cache: bool = True, runner: Runner | None = None
+) -> Session:
+    """The decoding session of ``request``'s model (call under ``inference_mode``): its
+    family's own (:attr:`~attnlab.models.family.Family.session`), else its kind's standard one.
+    ``runner``: what a causal LM's session runs (a decode engine; default the model itself)."""
     model = request.model
-    if isinstance(model, EncoderDecoderTransformer):
-        return EncoderDecoderSession(model, request.prompts, request.max_new_tokens, use_cache)
-    if is_recurrent(model):
-        return RecurrentSession(model, request.prompts, request.max_new_tokens, use_cache)
-    if not isinstance(model, GPT):  # prepare_request admits nothing else
+    family = request.family
+    factory = family.session or STANDARD_SESSIONS.get(family.kind)
+    if factory is None:  # prepare_request admits nothing else
         raise TypeError(f"no decoding session for {type(model).__name__}")
-    return DecoderOnlySession(
-        model, request.prompts, request.max_new_tokens, use_cache, window=request.window
+    kwargs: dict[str, Any] = {}
+    if family.kind is Kind.CAUSAL_LM:
+        kwargs = {"window": request.window, "runner": runner}
+    return cast(
+        Session,
+        factory(model, request.prompts, request.max_new_tokens, use_cache, **kwargs),
     )
 
 
@@ -232,10 +258,12 @@ def repeat_index(batch: int, n: int, device: torch.device) -> Tensor:
 
 
 __all__ = [
+    "STANDARD_SESSIONS",
     "GenerationRequest",
     "GenerativeModel",
     "StepOutput",
     "eval_mode",
+    "generating_family",
     "open_session",
     "prepare_request",
     "repeat_index",

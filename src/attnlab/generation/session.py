@@ -1,13 +1,17 @@
 """Decoding sessions: one object per generation call that turns "feed these tokens" into logits.
 
 A session hides what differs between model kinds, so the greedy/sampling loop and beam search
-are written once:
+are written once. These are the standard sessions of the kinds
+(:class:`~attnlab.models.family.Kind`; a family may declare its own, any object with the
+:class:`~attnlab.models.family.Session` methods):
 
-- :class:`DecoderOnlySession` (GPT): the prompt is the prefix; the *prefill* runs it through the
+- :class:`DecoderOnlySession` (``CAUSAL_LM``, e.g. GPT): the prompt is the prefix; the
+  *prefill* runs it through the
   model in one call and fills the :class:`~attnlab.layers.kv_cache.KVCache`; each *step* feeds
   one token per row. Left-padded batches carry a key mask over every column so far and per-row
   positions (padding shifts them); unpadded batches need neither.
-- :class:`EncoderDecoderSession`: the source is encoded once; the decoder starts from BOS; the
+- :class:`EncoderDecoderSession` (``SEQ2SEQ``): the source is encoded once; the decoder
+  starts from BOS; the
   cache holds the decoder's self-attention keys/values and, after the first step, each layer's
   cross-attention keys/values of the memory.
 
@@ -24,54 +28,42 @@ Shapes: B rows, P prompt length, S source length, N max new tokens, V vocabulary
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from attnlab.generation.prompts import Prompts
 from attnlab.layers.kv_cache import KVCache
-from attnlab.models.gpt import GPT
-from attnlab.models.transformer import EncoderDecoderTransformer
-
-
-class Session(Protocol):
-    """What the decoding loops need from a model."""
-
-    def prefill(self) -> Tensor:
-        """Run the prompt/BOS; return the logits of the first new token ``(B, V)``."""
-        ...
-
-    def step(self, tokens: Tensor) -> Tensor:
-        """Feed one token per row ``(B,)``; return the next logits ``(B, V)``."""
-        ...
-
-    def select(self, index: Tensor, *, same_source: bool = False) -> None:
-        """Keep rows ``index`` ``(B',)`` (repeats and reorders allowed)."""
-        ...
+from attnlab.models.family import Session
 
 
 class DecoderOnlySession:
-    """Prefill + one-token steps of a :class:`GPT` over a left-padded prompt batch.
+    """Prefill + one-token steps of a causal LM over a left-padded prompt batch.
 
     Args:
-        model: the GPT (in eval mode; the caller handles modes and grad).
+        model: the model, of a ``CAUSAL_LM`` family (in eval mode; the caller handles modes
+            and grad): ``new_cache``, ``hidden_states`` and ``lm_head``.
         prompts: left-padded prompts (:func:`~attnlab.generation.prompts.pack_prompts`).
         max_new_tokens: N; the cache holds ``P + N`` positions.
         use_cache: ``False`` recomputes the whole prefix at every step.
         window: the most tokens a step may see (``None``: all of them).
+        runner: what runs ``hidden_states`` and ``lm_head`` (a decode engine,
+            :mod:`attnlab.generation.engines`); default the model itself.
     """
 
     def __init__(
         self,
-        model: GPT,
+        model: Any,
         prompts: Prompts,
         max_new_tokens: int,
         use_cache: bool,
         *,
         window: int | None = None,
+        runner: Any = None,
     ) -> None:
-        self.model = model
+        self.model: Any = model
+        self.runner: Any = model if runner is None else runner
         B, P = prompts.ids.shape
         total = P + max_new_tokens
         device = prompts.ids.device
@@ -100,13 +92,13 @@ class DecoderOnlySession:
         end = self.length
         if self.window is not None and end > self.window:
             return self._window_logits(end - self.window)
-        h = self.model.hidden_states(
+        h = self.runner.hidden_states(
             self.ids[:, start:end],
             mask=self.mask[:, :end] if self.padded else None,
             positions=self.positions[:, start:end] if self.padded else None,
             cache=self.cache,
         )  # (B, end - start, E)
-        return self.model.lm_head(h[:, -1])  # (B, V): only the last column is needed
+        return self.runner.lm_head(h[:, -1])  # (B, V): only the last column is needed
 
     def _window_logits(self, start: int) -> Tensor:
         """Recompute columns ``start .. length`` alone (no cache), positions from 0."""
@@ -114,10 +106,10 @@ class DecoderOnlySession:
         self.cache = None  # slid past: the cached keys' positions no longer apply
         mask = self.mask[:, start:end]  # (B, W)
         positions = (mask.long().cumsum(dim=1) - 1).clamp_min(0) if self.padded else None
-        h = self.model.hidden_states(
+        h = self.runner.hidden_states(
             self.ids[:, start:end], mask=mask if self.padded else None, positions=positions
         )  # (B, W, E)
-        return self.model.lm_head(h[:, -1])  # (B, V)
+        return self.runner.lm_head(h[:, -1])  # (B, V)
 
     def prefill(self) -> Tensor:
         return self._logits(0)
@@ -139,7 +131,8 @@ class EncoderDecoderSession:
     """Encode once, then decode from BOS one token at a time.
 
     Args:
-        model: the encoder-decoder (in eval mode).
+        model: the model, of a ``SEQ2SEQ`` family (in eval mode): ``encode``, ``decode``,
+            ``new_cache``, ``default_src_mask``, ``config.bos_id``.
         source: right-padded sources; ``source.mask`` ``None`` means no padding.
         max_new_tokens: N; the decoder sees at most N tokens (BOS + N - 1 generated).
         use_cache: ``False`` re-decodes the whole target prefix at every step.
@@ -147,12 +140,12 @@ class EncoderDecoderSession:
 
     def __init__(
         self,
-        model: EncoderDecoderTransformer,
+        model: Any,
         source: Prompts,
         max_new_tokens: int,
         use_cache: bool,
     ) -> None:
-        self.model = model
+        self.model: Any = model
         B = source.batch_size
         device = source.ids.device
         self.src_mask = source.mask  # (B, S) or None

@@ -46,6 +46,7 @@ from torch import Tensor, nn
 
 from attnlab.generation.acceptance import greedy_acceptance, rejection_acceptance
 from attnlab.generation.config import GenerationConfig, resolve_config
+from attnlab.generation.engines import EngineChoice, resolve_engine, runner_for
 from attnlab.generation.processors import LogitsProcessor, build_processors, select_tokens
 from attnlab.generation.prompts import PromptInput, Prompts
 from attnlab.generation.request import (
@@ -56,8 +57,7 @@ from attnlab.generation.request import (
     repeat_index,
 )
 from attnlab.generation.speculative_state import Columns, Decoder, SpeculativeStats
-from attnlab.models.gpt import GPT
-from attnlab.transforms.decode_weights import decode_layout
+from attnlab.models.family import Kind, find_family
 
 logger = logging.getLogger(__name__)
 
@@ -83,24 +83,26 @@ def check_draft(
     """Refuse a target/draft pair or options that speculative decoding cannot serve.
 
     Raises:
-        TypeError: for a target or draft that is not a :class:`~attnlab.GPT`.
+        TypeError: for a target or draft that is not a causal LM (a family of kind
+            ``CAUSAL_LM``, e.g. :class:`~attnlab.GPT`: it rolls back a KV cache).
         ValueError: for different vocabularies, ``num_draft_tokens`` not in ``[1, draft
             max_seq_len]``, beam search, ``use_cache=False``, or models on different devices.
     """
     for role, m in (("target", model), ("draft", draft_model)):
-        if not isinstance(m, GPT):
+        family = find_family(m)
+        if family is None or family.kind is not Kind.CAUSAL_LM:
             raise TypeError(
-                f"speculative decoding needs a decoder-only GPT as the {role} model, "
-                f"got {type(m).__name__}"
+                f"speculative decoding needs a decoder-only (causal) LM such as a GPT as the "
+                f"{role} model, got {type(m).__name__}"
             )
-    tv, dv = cast(GPT, model).config.vocab_size, cast(GPT, draft_model).config.vocab_size
+    tv, dv = cast(Any, model).config.vocab_size, cast(Any, draft_model).config.vocab_size
     if tv != dv:
         raise ValueError(
             f"the draft model's vocabulary ({dv} tokens) differs from the target's ({tv}): "
             "speculative decoding needs both models on the same tokenizer"
         )
     k = num_draft_tokens
-    context = cast(GPT, draft_model).config.max_seq_len
+    context = cast(Any, draft_model).config.max_seq_len
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= context:
         raise ValueError(
             f"num_draft_tokens must be an integer in [1, {context}] (the draft's max_seq_len), "
@@ -167,7 +169,8 @@ def speculative_stream(
         extra=processors,
     )
     stats = SpeculativeStats(num_draft_tokens=num_draft_tokens)
-    loop = _Loop(request, cast(GPT, draft_model), chain, sample, generator, num_draft_tokens, stats)
+    loop = _Loop(request, draft_model, chain, sample, generator, num_draft_tokens, stats)
+    loop.engine = cfg.engine
     return SpeculativeStream(loop.run(cfg.num_return_sequences), stats)
 
 
@@ -217,7 +220,7 @@ class _Loop:
     def __init__(
         self,
         request: GenerationRequest,
-        draft: GPT,
+        draft: nn.Module,
         chain: LogitsProcessor,
         sample: bool,
         generator: torch.Generator | None,
@@ -226,22 +229,28 @@ class _Loop:
     ) -> None:
         self.request, self.draft, self.chain, self.sample = request, draft, chain, sample
         self.generator, self.k, self.stats = generator, k, stats
+        self.engine = "auto"  # the request's decode engine (GenerationConfig.engine)
 
     def run(self, num_return_sequences: int) -> Iterator[StepOutput]:
         """Yield every token; grad mode is switched off per round, not across ``yield``."""
-        request, target = self.request, cast(GPT, self.request.model)  # check_draft saw to it
+        request, target = self.request, self.request.model  # check_draft saw to it
         prompts = _repeat(request.prompts, num_return_sequences)
         B, N = prompts.batch_size, request.max_new_tokens
         with ExitStack() as stack:
             stack.enter_context(eval_mode(target))
-            stack.enter_context(decode_layout(target, B * (self.k + 1)))
+            runner = stack.enter_context(
+                runner_for(target, self._engine(target, B * (self.k + 1), N), B * (self.k + 1))
+            )
+            draft_runner = runner
             if self.draft is not target:  # a draft may be the target itself (all accepted)
                 stack.enter_context(eval_mode(self.draft))
-                stack.enter_context(decode_layout(self.draft, B))
+                draft_runner = stack.enter_context(
+                    runner_for(self.draft, self._engine(self.draft, B, N * self.k), B)
+                )
             with torch.inference_mode():
                 cols = Columns(prompts, N)
-                verifier = Decoder(target, cols, rollback=self.k)
-                drafter = Decoder(self.draft, cols, rollback=self.k)
+                verifier = Decoder(target, cols, rollback=self.k, runner=runner)
+                drafter = Decoder(self.draft, cols, rollback=self.k, runner=draft_runner)
                 finished = torch.zeros(B, dtype=torch.bool, device=prompts.ids.device)
             produced = 0
             while produced < N:
@@ -256,6 +265,12 @@ class _Loop:
                     produced += 1
                     if bool(finished.all()):
                         return
+
+    def _engine(self, model: nn.Module, rows: int, new_tokens: int) -> EngineChoice:
+        """The decode engine ``model`` runs on in this call (the request's choice)."""
+        return resolve_engine(
+            model, self.engine, rows=rows, max_new_tokens=new_tokens, use_cache=True
+        )
 
     def _round(
         self, cols: Columns, verifier: Decoder, drafter: Decoder, remaining: int, finished: Tensor

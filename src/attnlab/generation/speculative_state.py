@@ -23,7 +23,6 @@ import torch
 from torch import Tensor
 
 from attnlab.generation.prompts import Prompts
-from attnlab.models.gpt import GPT
 
 
 class Columns:
@@ -66,17 +65,21 @@ class Columns:
 
 
 class Decoder:
-    """One GPT's KV cache over :class:`Columns` ``start .. fed - 1``.
+    """One causal LM's KV cache over :class:`Columns` ``start .. fed - 1``.
 
     Args:
-        model: the GPT (in eval mode, under ``inference_mode``).
+        model: the model (in eval mode, under ``inference_mode``).
         columns: the shared columns.
         rollback: how far :meth:`rewind` must reach back (windowed layers keep that many extra
             keys).
+        runner: what runs ``hidden_states`` and ``lm_head`` (a decode engine); default the
+            model itself.
     """
 
-    def __init__(self, model: GPT, columns: Columns, *, rollback: int) -> None:
-        self.model, self.columns = model, columns
+    def __init__(self, model: Any, columns: Columns, *, rollback: int, runner: Any = None) -> None:
+        self.model: Any = model
+        self.columns = columns
+        self.runner: Any = model if runner is None else runner
         self.context = model.config.max_seq_len
         self.cache = model.new_cache(min(columns.total, self.context), rollback=rollback)
         self.start = 0  # the column the cache begins at
@@ -97,10 +100,10 @@ class Decoder:
         if not begin < end <= self.start + self.context:
             raise RuntimeError(f"cannot feed columns {begin}..{end - 1} from {self.start}")
         mask, positions = cols.model_inputs(self.start, begin, end)
-        h = self.model.hidden_states(
+        h = self.runner.hidden_states(
             cols.ids[:, begin:end], mask=mask, positions=positions, cache=self.cache
         )  # (B, T, E)
-        return self.model.lm_head(h[:, -1:] if last_only else h)  # (B, T or 1, V)
+        return self.runner.lm_head(h[:, -1:] if last_only else h)  # (B, T or 1, V)
 
     def rewind(self, end: int) -> None:
         """Forget the cached columns from ``end`` on (rejected proposals)."""
@@ -117,10 +120,10 @@ class Decoder:
         cache, positions from the window's first column (nanoGPT's cropping). ``(B, V)``."""
         start = max(0, end - self.context)
         mask, positions = self.columns.model_inputs(start, start, end)
-        h = self.model.hidden_states(
+        h = self.runner.hidden_states(
             self.columns.ids[:, start:end], mask=mask, positions=positions
         )  # (B, W, E)
-        return self.model.lm_head(h[:, -1])  # (B, V)
+        return self.runner.lm_head(h[:, -1])  # (B, V)
 
 
 @dataclass

@@ -22,8 +22,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from attnlab.inspect.points import HookPoint, Names, hook_points, select
-from attnlab.models.transformer import EncoderDecoderTransformer
+from attnlab.inspect.points import HookPoint, Names, hook_points, layout_of, select
 
 HookFn = Callable[[Tensor, str], Tensor | None]
 
@@ -120,10 +119,13 @@ class _State:
             self._wrap_stacks()
 
     def _wrap_stacks(self) -> None:
+        """Scope the points of modules several stacks share: each stack's method (its
+        :attr:`~attnlab.models.family.HookStack.runs_in`) sets the scope while it runs."""
         model = self.model
-        if not isinstance(model, EncoderDecoderTransformer):
-            return
-        for method, scope in (("encode", "encoder"), ("decode", "decoder")):
+        for stack in layout_of(model).stacks:
+            method, scope = stack.runs_in, stack.scope
+            if method is None or scope is None:
+                continue
             bound = getattr(model, method)
 
             def scoped(*args: Any, _f: Any = bound, _s: str = scope, **kwargs: Any) -> Any:

@@ -30,35 +30,28 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.inspect.cache import ActivationCache, run_with_cache
+from attnlab.inspect.points import layout_of
 from attnlab.layers.blocks import DecoderLayer, EncoderLayer
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.layers.norm import LayerNorm, RMSNorm
-from attnlab.models.bert import BERT
-from attnlab.models.gpt import GPT
-from attnlab.models.transformer import EncoderDecoderTransformer
+from attnlab.models.family import Readout
 
 
-@dataclass(frozen=True)
-class _Readout:
-    prefix: str  # hook-name prefix of the stack read
-    layers: nn.ModuleList
-    norm: nn.Module | None
-    head: nn.Module
+def _readout(model: nn.Module) -> Readout:
+    """The read-out the model's family declares (its hook layout's).
 
-
-def _readout(model: nn.Module) -> _Readout:
-    if isinstance(model, GPT):
-        return _Readout("", model.layers, model.final_norm, model.lm_head)
-    if isinstance(model, EncoderDecoderTransformer):
-        d = model.decoder
-        return _Readout("decoder.", d.layers, d.final_norm, model.lm_head)
-    if isinstance(model, BERT):
-        if model.mlm is None:
-            raise ValueError("the logit lens needs an LM head: this BERT has no MLM head")
-        return _Readout("", model.layers, model.final_norm, model.mlm)
+    Raises:
+        TypeError: for a model that is no language model. ValueError: for a language model
+            built without its head (a BERT without the MLM head).
+    """
+    layout = layout_of(model)
+    if layout.readout is not None:
+        return layout.readout
+    if layout.no_readout is not None:
+        raise ValueError(f"the logit lens needs an LM head: {layout.no_readout}")
     raise TypeError(
-        f"the logit lens needs a language model (GPT, BERT with an MLM head, encoder-decoder), "
-        f"got {type(model).__name__}"
+        f"the logit lens needs a language model (a causal LM, a masked LM with its head, an "
+        f"encoder-decoder), got {type(model).__name__}"
     )
 
 
@@ -226,10 +219,13 @@ def _terms(
     return out
 
 
-def _pre_norm_layers(model: nn.Module, r: _Readout) -> list[EncoderLayer | DecoderLayer]:
+def _pre_norm_layers(model: nn.Module, r: Readout) -> list[EncoderLayer | DecoderLayer]:
     """The read stack's layers, checked: a linear read-out, eval mode, pre-norm layers."""
-    if isinstance(model, BERT):
-        raise ValueError("direct logit attribution needs a linear read-out; BERT's MLM head is not")
+    if not r.linear:
+        raise ValueError(
+            f"direct logit attribution needs a linear read-out; {type(model).__name__}'s head "
+            f"({type(r.head).__name__}) is not"
+        )
     if model.training:
         raise ValueError(
             "direct logit attribution needs eval mode (dropout breaks the sum): model.eval()"
@@ -274,8 +270,8 @@ def direct_logit_attribution(
     p = r.prefix
     names = [f"{p}layers.0.resid_pre", f"{p}layers.{len(layers) - 1}.resid_post"]
     names += [f"{p}layers.*.ffn.out", f"{p}layers.*.attn.z"]
-    if isinstance(model, EncoderDecoderTransformer):
-        names.append("decoder.layers.*.cross_attn.z")
+    if any(isinstance(layer, DecoderLayer) and layer.cross_attn is not None for layer in layers):
+        names.append(f"{p}layers.*.cross_attn.z")
     out, cache = run_with_cache(model, *args, names=names, **kwargs)
     pos = _positions(cache[names[0]].shape[1], position)[0]
     d, bias = _direction(r.head, target, other)

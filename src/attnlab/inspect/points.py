@@ -1,7 +1,8 @@
 """Hook points: the named activations of every attnlab model, listed and selected.
 
 One naming scheme for every family (``L`` a layer index; encoder-decoder models put the
-per-stack names under ``encoder.`` / ``decoder.``):
+per-stack names under ``encoder.`` / ``decoder.``); where the points of a model are is what its
+family declares (:class:`~attnlab.models.family.HookLayout`):
 
 | name | shape | what |
 |---|---|---|
@@ -46,11 +47,7 @@ from attnlab.layers.blocks import DecoderLayer, EncoderLayer
 from attnlab.layers.feedforward import FeedForward
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.layers.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from attnlab.models.bert import BERT
-from attnlab.models.cct import CCT
-from attnlab.models.gpt import GPT
-from attnlab.models.transformer import EncoderDecoderTransformer
-from attnlab.models.vit import ViT
+from attnlab.models.family import HookLayout, find_family
 
 RESID = ("batch", "position", "d_model")
 HEADS = ("batch", "head", "position", "d_head")
@@ -125,50 +122,40 @@ def _output(module: nn.Module | None, name: str, axes: tuple[str, ...] = RESID) 
     return [] if module is None else [HookPoint(name, module, None, axes=axes)]
 
 
-def _encoder_decoder(model: EncoderDecoderTransformer) -> list[HookPoint]:
-    points: list[HookPoint] = []
-    for scope, embed, stack in (
-        ("encoder", model.src_embed, model.encoder),
-        ("decoder", model.tgt_embed, model.decoder),
-    ):
-        points.append(HookPoint(f"{scope}.embed.token", embed, None, scope))
-        points += _position(model.pos_encoding, f"{scope}.embed.position", scope)
-        points += _stack(stack.layers, f"{scope}.")
-        points += _output(stack.final_norm, f"{scope}.final_norm")
-    return points + _output(model.lm_head, "logits", ("batch", "position", "vocab"))
+def layout_of(model: nn.Module) -> HookLayout:
+    """The hook layout ``model``'s family declares (:mod:`attnlab.models.family`).
+
+    Raises:
+        TypeError: for a model of no family, or one without hook points.
+    """
+    family = find_family(model)
+    if family is None or family.hooks is None:
+        have = "no attnlab model family" if family is None else f"family {family.name!r}"
+        raise TypeError(
+            f"attnlab.inspect has hook points for models whose family declares them; "
+            f"{type(model).__name__} belongs to {have}, which declares none"
+        )
+    return family.hooks(model)
 
 
 def hook_points(model: nn.Module) -> list[HookPoint]:
-    """Every hook point of ``model``, in the order a forward pass reaches them.
+    """Every hook point of ``model``, in the order a forward pass reaches them (from the hook
+    layout its family declares: :class:`~attnlab.models.family.HookLayout`).
 
     Raises:
-        TypeError: for a model that is not a GPT, BERT, ViT, CCT or EncoderDecoderTransformer.
+        TypeError: for a model without hook points.
     """
-    if isinstance(model, EncoderDecoderTransformer):
-        return _encoder_decoder(model)
+    layout = layout_of(model)
     points: list[HookPoint] = []
-    vocab = ("batch", "position", "vocab")
-    if isinstance(model, GPT):
-        points += _output(model.tok_embed, "embed.token")
-        points += _position(model.pos_encoding, "embed.position")
-        tail = _output(model.final_norm, "final_norm") + _output(model.lm_head, "logits", vocab)
-    elif isinstance(model, BERT):
-        points += _output(model.tok_embed, "embed.token")
-        points += _output(model.segment_embed, "embed.segment")
-        points += _position(model.pos_encoding, "embed.position")
-        tail = _output(model.final_norm, "final_norm") + _output(model.mlm, "logits", vocab)
-    elif isinstance(model, ViT | CCT):
-        patches = model.patch_embed if isinstance(model, ViT) else model.tokenizer
-        points += _output(patches, "embed.patch")
-        points += _position(model.pos_encoding, "embed.position")
-        tail = _output(model.final_norm, "final_norm")
-        tail += _output(model.head, "logits", ("batch", "class"))
-    else:
-        raise TypeError(
-            f"attnlab.inspect has hook points for GPT, BERT, ViT, CCT and "
-            f"EncoderDecoderTransformer models, got {type(model).__name__}"
-        )
-    return points + _stack(model.layers, "") + tail
+    for stack in layout.stacks:
+        scope = stack.scope
+        for name, module in stack.inputs:
+            points.append(HookPoint(f"{stack.prefix}{name}", module, None, scope))
+        if stack.position is not None:
+            points += _position(stack.position, f"{stack.prefix}embed.position", scope)
+        points += _stack(stack.layers, stack.prefix)
+        points += _output(stack.final_norm, f"{stack.prefix}final_norm")
+    return points + _output(layout.head, "logits", layout.head_axes)
 
 
 def hook_names(model: nn.Module) -> list[str]:
@@ -243,5 +230,6 @@ __all__ = [
     "hook_points",
     "is_pattern",
     "layer_index",
+    "layout_of",
     "select",
 ]

@@ -1,33 +1,40 @@
-"""attnlab's own CPU kernels for weight-only int8/int4 products with float32 activations.
+"""attnlab's C++ CPU kernels, one folder and this one entry point: weight-only int8/int4 products
+with float32 activations, one query's attention over a KV cache, and a decoder layer's (or a
+whole stack's) one-token step.
 
-PyTorch ships CPU kernels for both formats (``aten::_weight_int8pack_mm``,
+PyTorch ships CPU kernels for both weight formats (``aten::_weight_int8pack_mm``,
 ``aten::_weight_int4pack_mm_for_cpu``), but they vectorise bfloat16 activations only; with
 float32 ones they run scalar loops several times slower than a float32 ``F.linear``. The kernels
 of ``csrc/woq_gemm.cpp`` (AVX2 + FMA, torch's thread pool) read each weight byte once, widen it
 to float32 in registers and multiply in float32: exact float32 activations, at close to the
 memory-bandwidth cost of the codes. They read the stored codes directly (int8 ``(N, K)``, int4 in
-the canonical nibble layout), so they need no second, kernel-private copy of the weights.
+the canonical nibble layout), so they need no second, kernel-private copy of the weights. The
+quantized layers (:mod:`attnlab.transforms.quant_modules`) call :func:`int8_linear` and
+:func:`int4_linear`.
+
+``csrc/decode_attention.cpp`` (:func:`decode_attention`): softmax attention of one query per
+sequence over its KV cache, each head one pass over its keys, grouped-query heads reading their
+shared key/value head in place. At one query PyTorch's CPU ``scaled_dot_product_attention``
+spends most of its time outside the arithmetic (GPT-2 small: 12 heads over ~150 keys are ~0.2 M
+multiply-adds, a few µs, against tens of µs per call inside a decoding step).
+
+``csrc/decode_layer.cpp`` (:func:`layer_step`, :func:`stack_step`, :func:`decode_step`,
+:func:`decode_stack`): a whole decoder layer's one-token step in one call — the two kernels above
+and the same ATen functions the modules use in between, in the modules' order, so the result is
+bit for bit theirs — then a whole stack, then a whole step from token ids to the final norm. The
+fused decode engine (:mod:`attnlab.transforms.decode_engine`) is their only caller; what a change
+to a layer's semantics requires of them is in ``docs/architecture.md``.
 
 The extension is compiled on first use with ``torch.utils.cpp_extension`` (a C++ compiler and
 ninja; about half a minute, cached under ``TORCH_EXTENSIONS_DIR``, default
 ``~/.cache/torch_extensions``). :func:`available` says whether it could be built and loaded
 here; it is ``False`` off x86-64, on a CPU without AVX2, when ``ATTNLAB_NO_CPP_KERNELS=1`` is set,
 or when the build fails (logged once as a warning; the quantized layers then use PyTorch's kernels
-or the reference path).
-
-The same extension holds one more decoding kernel (``csrc/decode_attention.cpp``,
-:func:`decode_attention`): softmax attention of one query per sequence over its KV cache, each
-head one pass over its keys, grouped-query heads reading their shared key/value head in place.
-At one query PyTorch's CPU ``scaled_dot_product_attention`` spends most of its time outside the
-arithmetic (GPT-2 small: 12 heads over ~150 keys are ~0.2 M multiply-adds, a few µs, against
-tens of µs per call inside a decoding step); :func:`attnlab.transforms.decode_weights.decode_layout`
-uses it for the self-attentions of quantized decoders. And a third (``csrc/decode_layer.cpp``,
-``torch.ops.attnlab_decode.layer_step``): a whole decoder layer's decoding step in one call, the
-two kernels above and the same ATen functions the modules use in between
-(:mod:`attnlab.transforms.decode_layer`).
+or the reference path, and decoding runs the modules).
 
 Shapes: x ``(M, K)`` float32 contiguous -> ``(M, N)`` float32; attention q ``(B, H, 1, D)``,
-k ``(B, H_kv, S, D)``, v ``(B, H_kv, S, Dv)`` -> ``(B, H, 1, Dv)``.
+k ``(B, H_kv, S, D)``, v ``(B, H_kv, S, Dv)`` -> ``(B, H, 1, Dv)``; a layer step x ``(B, 1, E)``
+-> ``(B, 1, E)``.
 """
 
 from __future__ import annotations
@@ -36,18 +43,19 @@ import logging
 import os
 import platform
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "woq_gemm.cpp"
+SOURCE = Path(__file__).parent / "csrc" / "woq_gemm.cpp"
 # compiled into the same extension: one query's attention over a KV cache, for decoding
 # (``torch.ops.attnlab_decode.attention``, used by :func:`decode_attention`)
 ATTENTION_SOURCE = SOURCE.with_name("decode_attention.cpp")
-# and one decoder layer's whole step, calling the two above (``attnlab_decode.layer_step``, used
-# by :mod:`attnlab.transforms.decode_layer`)
+# and one decoder layer's whole step, calling the two above (``attnlab_decode.layer_step``,
+# ``stack_step``, ``decode_step``; used by :mod:`attnlab.transforms.decode_engine`)
 LAYER_SOURCE = SOURCE.with_name("decode_layer.cpp")
 NAME = "attnlab_woq"
 KERNEL_INT8 = "attnlab woq_gemm int8 (AVX2, float32 activations)"
@@ -181,14 +189,78 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None
     return torch.ops.attnlab_decode.attention(q, k, v, s)
 
 
+def layer_step(
+    x: Tensor,
+    tensors: list[Tensor | None],
+    config: list[int],
+    floats: list[float],
+    cache_k: Tensor,
+    cache_v: Tensor,
+    length: int,
+    cos: Tensor | None = None,
+    sin: Tensor | None = None,
+) -> Tensor:
+    """One decoder layer's one-token step (its description from
+    :func:`attnlab.transforms.decode_layer.layer_plan`): x ``(B, 1, E)`` -> ``(B, 1, E)``; the
+    caches ``(B, H_kv, L, D)`` gain position ``length`` (the caller advances its length)."""
+    return torch.ops.attnlab_decode.layer_step(
+        x, tensors, config, floats, cache_k, cache_v, length, cos, sin
+    )
+
+
+def decode_stack(tensors: list[Tensor | None], config: list[int], floats: list[float]) -> Any:
+    """A ``DecodeStack``: the layer descriptions of a whole stack, concatenated, made once (its
+    ``set_final_norm(weight, bias, kind, eps)`` adds the final norm for :func:`decode_step`)."""
+    return torch.classes.attnlab_decode.DecodeStack(tensors, config, floats)
+
+
+def stack_step(
+    x: Tensor,
+    stack: Any,
+    cache_k: list[Tensor],
+    cache_v: list[Tensor],
+    lengths: list[int],
+    cos: Tensor | None = None,
+    sin: Tensor | None = None,
+) -> Tensor:
+    """Every layer of ``stack`` (:func:`decode_stack`) on one token per row, back to back:
+    x ``(B, 1, E)`` -> ``(B, 1, E)``; each layer's cache gains position ``lengths[i]``."""
+    return torch.ops.attnlab_decode.stack_step(x, stack, cache_k, cache_v, lengths, cos, sin)
+
+
+def decode_step(
+    ids: Tensor,
+    table: Tensor,
+    scale: float,
+    pos_table: Tensor | None,
+    position: int,
+    stack: Any,
+    cache_k: list[Tensor],
+    cache_v: list[Tensor],
+    lengths: list[int],
+    cos: Tensor | None = None,
+    sin: Tensor | None = None,
+) -> Tensor:
+    """A whole one-token step from ids ``(B, 1)``: the token table's rows (times ``scale``) plus
+    row ``position`` of ``pos_table`` (if any), every layer of ``stack``, its final norm:
+    -> ``(B, 1, E)``."""
+    return torch.ops.attnlab_decode.decode_step(
+        ids, table, scale, pos_table, position, stack, cache_k, cache_v, lengths, cos, sin
+    )
+
+
 __all__ = [
     "KERNEL_INT4",
     "KERNEL_INT8",
     "available",
     "decode_attention",
+    "decode_stack",
+    "decode_step",
     "int4_linear",
     "int4_supports",
     "int8_linear",
     "int8_supports",
+    "layer_step",
+    "stack_step",
     "unavailable_reason",
 ]

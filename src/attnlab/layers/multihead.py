@@ -20,6 +20,7 @@ the per-head outputs ``(B, T, H, D)`` before W^O, ``out`` ``(B, T, E)``.
 
 from __future__ import annotations
 
+import warnings
 from typing import ClassVar, cast
 
 import torch
@@ -94,16 +95,22 @@ class MultiHeadAttention(nn.Module):
         return x.view(B, L, n, self.d_head).transpose(1, 2)  # (B, n, L, D)
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The input projections of self-attention, x W^Q, x W^K, x W^V.
+        """Deprecated (it was a seam for patching decode copies in): the input projections of
+        self-attention, x W^Q, x W^K, x W^V.
 
         Shapes:
             x ``(B, T, E)`` -> q ``(B, T, H·D)``, k and v ``(B, T, H_kv·D)``.
         """
+        warnings.warn(
+            "MultiHeadAttention.project_qkv is deprecated: call q_proj, k_proj and v_proj",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def _self_projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q ``(B, H, T, D)``, k and v ``(B, H_kv, T, D)`` of self-attention."""
-        q, k, v = self.project_qkv(x)  # (B, T, H·D | H_kv·D)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, T, H·D | H_kv·D)
         return (
             self._heads(q, self.n_heads),
             self._heads(k, self.n_kv_heads),

@@ -1,23 +1,36 @@
-"""attnlab's models: one file per model, each with its Config dataclass and PRESETS.
+"""attnlab's models: one file per family, each with its Config dataclass, its module, its PRESETS
+and its declaration (:class:`~attnlab.models.family.Family`, registered when the file is imported).
 
-``MODEL_TYPES`` maps a config's ``model_type`` to ``(ConfigClass, ModelClass)``; ``PRESETS`` holds
-every named configuration; :func:`build_model` builds either.
+``MODEL_TYPES`` maps a config's ``model_type`` to ``(ConfigClass, ModelClass)`` and ``PRESETS``
+holds every named configuration, both for every registered family (live views of
+:data:`~attnlab.models.family.FAMILIES`); :func:`build_model` builds a preset or a config.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from attnlab.config import config_from_dict
-from attnlab.models import bert, cct, gpt, mamba, resnet, rnn, transformer, vit
+
+# importing each family's module registers its family (attnlab.models.family)
 from attnlab.models.bert import BERT, BERTConfig, BERTOutput, mask_tokens, mask_tokens_for
 from attnlab.models.cct import CCT, CCTConfig
 from attnlab.models.cnn import CNNClassifier, CNNConfig
+from attnlab.models.family import (
+    FAMILIES,
+    Family,
+    Kind,
+    families,
+    family_of,
+    find_family,
+    register_family,
+)
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.mamba import MambaConfig, MambaLM
 from attnlab.models.resnet import ResNet, ResNetConfig
@@ -29,25 +42,58 @@ from attnlab.models.transformer import (
     TransformerConfig,
 )
 from attnlab.models.vit import ViT, ViTConfig
-from attnlab.registry import Registry
 
-MODEL_TYPES: Registry[tuple[type[Any], type[nn.Module]]] = Registry("model type")
-MODEL_TYPES.add("transformer", (TransformerConfig, EncoderDecoderTransformer))
-MODEL_TYPES.add("gpt", (GPTConfig, GPT))
-MODEL_TYPES.add("bert", (BERTConfig, BERT))
-MODEL_TYPES.add("vit", (ViTConfig, ViT))
-MODEL_TYPES.add("cnn", (CNNConfig, CNNClassifier))
-MODEL_TYPES.add("cct", (CCTConfig, CCT))
-MODEL_TYPES.add("resnet", (ResNetConfig, ResNet))
-MODEL_TYPES.add("mamba", (MambaConfig, MambaLM))
-MODEL_TYPES.add("rnn", (RNNConfig, RNNLM))
 
-PRESETS: dict[str, Any] = {**transformer.PRESETS}
-for _module in (gpt, bert, vit, cct, resnet, mamba, rnn):
-    _clash = sorted(set(PRESETS) & set(_module.PRESETS))
-    if _clash:
-        raise ValueError(f"preset names defined twice: {_clash}")
-    PRESETS.update(_module.PRESETS)
+class _ModelTypes:
+    """``model_type`` -> ``(ConfigClass, ModelClass)`` of every registered family (a live view of
+    :data:`~attnlab.models.family.FAMILIES`, so a family registered later appears too)."""
+
+    name = "model type"
+
+    def get(self, key: str) -> tuple[type[Any], type[nn.Module]]:
+        """The classes of ``key``; ``ValueError`` naming the valid keys for an unknown one."""
+        if key not in FAMILIES:
+            raise ValueError(f"unknown model type {key!r}; valid: {', '.join(FAMILIES.keys())}")
+        family = FAMILIES.get(key)
+        return family.config, family.model
+
+    def keys(self) -> list[str]:
+        return FAMILIES.keys()
+
+    def __contains__(self, key: object) -> bool:
+        return key in FAMILIES
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(FAMILIES.keys())
+
+    def __repr__(self) -> str:
+        return f"MODEL_TYPES({self.keys()})"
+
+
+class _Presets(Mapping[str, Any]):
+    """Every registered family's presets by name (a live, read-only view)."""
+
+    def _all(self) -> dict[str, Any]:
+        return {name: c for f in families() for name, c in f.presets.items()}
+
+    def __getitem__(self, key: str) -> Any:
+        for f in families():
+            if key in f.presets:
+                return f.presets[key]
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return sum(len(f.presets) for f in families())
+
+    def __repr__(self) -> str:
+        return f"PRESETS({sorted(self)})"
+
+
+MODEL_TYPES = _ModelTypes()
+PRESETS: Mapping[str, Any] = _Presets()
 
 
 def config_for(name: str, **overrides: Any) -> Any:
@@ -76,14 +122,13 @@ def model_class_for(config: Any) -> type[nn.Module]:
     Raises:
         ValueError: if ``config`` is not a model config.
     """
-    model_type = getattr(type(config), "model_type", None)
-    if not isinstance(model_type, str):
+    family = None if isinstance(config, type) else find_family(config)
+    if family is None or not isinstance(config, family.config):
         raise ValueError(
             f"{type(config).__name__} is not a model config; expected one of "
-            f"{', '.join(c.__name__ for c, _ in (MODEL_TYPES.get(k) for k in MODEL_TYPES))}"
+            f"{', '.join(f.config.__name__ for f in families())}"
         )
-    _, model_cls = MODEL_TYPES.get(model_type)
-    return model_cls
+    return family.model
 
 
 def build_model(
@@ -126,6 +171,7 @@ def config_from_json_dict(data: dict[str, Any]) -> Any:
 __all__ = [
     "BERT",
     "CCT",
+    "FAMILIES",
     "GPT",
     "MODEL_TYPES",
     "PRESETS",
@@ -138,7 +184,9 @@ __all__ = [
     "Decoder",
     "Encoder",
     "EncoderDecoderTransformer",
+    "Family",
     "GPTConfig",
+    "Kind",
     "MambaConfig",
     "MambaLM",
     "RNNConfig",
@@ -150,7 +198,11 @@ __all__ = [
     "build_model",
     "config_for",
     "config_from_json_dict",
+    "families",
+    "family_of",
+    "find_family",
     "mask_tokens",
     "mask_tokens_for",
     "model_class_for",
+    "register_family",
 ]

@@ -29,12 +29,38 @@ from attnlab.layers.positional import (
     RotaryEmbedding,
     build_positional_encoding,
 )
+from attnlab.models.base import PretrainedModel
 from attnlab.models.common import (
     StackConfig,
+    check_size,
     check_token_ids,
     encoder_layer,
+    example_ids,
     final_norm,
     token_loss,
+)
+from attnlab.models.costs import (
+    FP32,
+    INDEX_BYTES,
+    Costs,
+    MatmulTerm,
+    ParamBreakdown,
+    activation_result,
+    linear_params,
+    norm_elems,
+    norm_params,
+    stack_activations,
+    stack_params,
+    stack_terms,
+)
+from attnlab.models.family import (
+    ExplorerSpec,
+    Family,
+    HookLayout,
+    HookStack,
+    Kind,
+    Readout,
+    register_family,
 )
 
 
@@ -104,7 +130,7 @@ class MLMHead(nn.Module):
         return self.decoder(self.norm(self.act(self.dense(h)))) + self.bias
 
 
-class BERT(nn.Module):
+class BERT(PretrainedModel):
     """BERT encoder with optional pooler and masked-LM head: ``forward(ids) -> BERTOutput``."""
 
     def __init__(self, config: BERTConfig) -> None:
@@ -307,3 +333,99 @@ PRESETS: dict[str, BERTConfig] = {
     # A CPU-sized masked LM (Turc et al. 2019's BERT-Tiny shape: L=2, H=128, A=2).
     "bert-tiny": BERTConfig(d_model=128, n_heads=2, n_layers=2, d_ff=512),
 }
+
+
+# -- the family's declaration (attnlab.models.family) -----------------------------------------
+
+
+def _params(c: BERTConfig) -> ParamBreakdown:
+    comp = {
+        "embedding.token": c.vocab_size * c.d_model,
+        "embedding.segment": c.type_vocab_size * c.d_model,
+    }
+    if c.pos_encoding == "learned":
+        comp["embedding.position"] = c.max_seq_len * c.d_model
+    comp["embedding.norm"] = norm_params(c.d_model, c.norm, c.bias)
+    comp.update(stack_params("layers", c, c.n_layers))
+    if c.norm_position == "pre":
+        comp["final_norm"] = norm_params(c.d_model, c.norm, c.bias)
+    if c.pooler:
+        comp["pooler"] = linear_params(c.d_model, c.d_model)
+    tied: dict[str, str] = {}
+    if c.mlm_head:
+        comp["mlm.transform"] = linear_params(c.d_model, c.d_model) + norm_params(c.d_model, c.norm)
+        comp["mlm.decoder"] = c.vocab_size + (0 if c.tie_output else c.vocab_size * c.d_model)
+        if c.tie_output:
+            tied["mlm.decoder"] = "embedding.token"
+    return ParamBreakdown(comp, {"layers": c.n_layers}, tied)
+
+
+def _flops(c: BERTConfig, B: int, n: int, src: int | None) -> tuple[list[MatmulTerm], int]:
+    terms, softmax = stack_terms("layers", c, batch=B, n=n, n_layers=c.n_layers)
+    if c.pooler:
+        terms.append(MatmulTerm("pooler", B, c.d_model, c.d_model))  # [CLS] only
+    if c.mlm_head:
+        terms.append(MatmulTerm("mlm.dense", B * n, c.d_model, c.d_model))
+        terms.append(MatmulTerm("mlm.decoder", B * n, c.d_model, c.vocab_size))
+    return terms, softmax
+
+
+def _activations(
+    c: BERTConfig, *, batch: int, seq_len: int, src_len: int | None, a: int, every: int
+) -> dict[str, int]:
+    B, T, t = batch, seq_len, batch * seq_len
+    masked = c.pad_id is not None
+    act, fp32, scores = stack_activations(c, B=B, T=T, n_layers=c.n_layers, masked=masked,
+                                          every=every)  # fmt: skip
+    outside = 2 * t * INDEX_BYTES  # ids, segment ids
+    outside += (t * c.d_model + norm_elems(c, t)) * a  # embedding norm
+    if c.norm_position == "pre":
+        outside += (t * c.d_model + norm_elems(c, t)) * a
+    if c.pooler:
+        # tanh output; the pooler's input is a view of the last hidden state, which keeps
+        # its whole storage alive (already counted when the MLM head keeps it too)
+        outside += (B + (0 if c.mlm_head else t)) * c.d_model * a
+    if c.mlm_head:
+        # dense input, activation input, norm input (+ stats), decoder input; log-softmax
+        outside += (4 * t * c.d_model + norm_elems(c, t)) * a + t * c.vocab_size * FP32
+    return activation_result(act, fp32, scores, outside, a)
+
+
+COSTS = Costs(params=_params, flops=_flops, activations=_activations)
+
+
+def _hook_layout(model: BERT) -> HookLayout:
+    inputs = (("embed.token", model.tok_embed), ("embed.segment", model.segment_embed))
+    stack = HookStack("", inputs, model.pos_encoding, model.layers, model.final_norm)
+    if model.mlm is None:
+        return HookLayout((stack,), no_readout="this BERT has no MLM head")
+    readout = Readout("", model.layers, model.final_norm, model.mlm, linear=False)
+    return HookLayout((stack,), head=model.mlm, readout=readout)
+
+
+def _example_inputs(
+    c: BERTConfig,
+    *,
+    batch: int = 1,
+    seq_len: int | None = None,
+    src_len: int | None = None,
+    generator: torch.Generator,
+) -> tuple[tuple[Tensor, ...], dict[str, Tensor]]:
+    n = c.max_seq_len if seq_len is None else check_size("seq_len", seq_len)
+    return (example_ids(c.vocab_size, batch, n, generator),), {}
+
+
+FAMILY = register_family(
+    Family(
+        name="bert",
+        config=BERTConfig,
+        model=BERT,
+        kind=Kind.ENCODER,
+        presets=PRESETS,
+        description="BERT encoders, with a pooler and a masked-LM head",
+        hooks=_hook_layout,
+        costs=COSTS,
+        example_inputs=_example_inputs,
+        explorer=ExplorerSpec(),
+    )
+)

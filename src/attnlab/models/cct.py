@@ -27,6 +27,7 @@ normal with ``init_std``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -40,7 +41,11 @@ from attnlab.layers.positional import (
     NoPositionalEncoding,
     PositionalEncoding,
 )
+from attnlab.models.base import PretrainedModel
 from attnlab.models.common import StackConfig, encoder_layer, norm
+from attnlab.models.costs import Costs, ParamBreakdown, linear_params, norm_params, stack_params
+from attnlab.models.family import Family, HookLayout, HookStack, Kind, register_family
+from attnlab.models.vit import example_images
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,7 +121,7 @@ class CCTConfig(StackConfig):
         return self.n_patches
 
 
-class CCT(nn.Module):
+class CCT(PretrainedModel):
     """Compact Convolutional Transformer: ``forward(images) -> logits (B, K)``."""
 
     def __init__(self, config: CCTConfig) -> None:
@@ -202,3 +207,44 @@ PRESETS: dict[str, CCTConfig] = {
     # epochs fit a fixed wall-clock budget
     "cct-cifar-small": dataclasses.replace(_CCT_CIFAR, n_layers=4),
 }
+
+
+# -- the family's declaration (attnlab.models.family) -----------------------------------------
+
+
+def _params(c: CCTConfig) -> ParamBreakdown:
+    widths = [c.in_channels] + [c.conv_channels] * (c.conv_layers - 1) + [c.d_model]
+    k2 = c.conv_kernel**2
+    comp = {"tokenizer.conv": sum(k2 * a * b for a, b in itertools.pairwise(widths))}
+    if c.pos_encoding == "learned":
+        comp["embedding.position"] = c.max_seq_len * c.d_model
+    comp.update(stack_params("layers", c, c.n_layers))
+    if c.use_final_norm:
+        comp["final_norm"] = norm_params(c.d_model, c.norm, c.bias)
+    comp["pool"] = linear_params(c.d_model, 1)  # sequence pooling's scores
+    if c.n_classes:
+        comp["head"] = linear_params(c.d_model, c.n_classes)
+    return ParamBreakdown(comp, {"layers": c.n_layers})
+
+
+def _hook_layout(model: CCT) -> HookLayout:
+    stack = HookStack(
+        "", (("embed.patch", model.tokenizer),), model.pos_encoding, model.layers,
+        model.final_norm,
+    )  # fmt: skip
+    return HookLayout((stack,), head=model.head, head_axes=("batch", "class"))
+
+
+FAMILY = register_family(
+    Family(
+        name="cct",
+        config=CCTConfig,
+        model=CCT,
+        kind=Kind.IMAGE_CLASSIFIER,
+        presets=PRESETS,
+        description="Compact Convolutional Transformers: a conv tokenizer, sequence pooling",
+        hooks=_hook_layout,
+        costs=Costs(params=_params),
+        example_inputs=example_images,
+    )
+)

@@ -13,9 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
 from torch import Tensor, nn
 
 from attnlab.config import Config, check_positive, check_probability
+from attnlab.models.base import PretrainedModel
+from attnlab.models.family import Family, Kind, register_family
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,7 +39,7 @@ class CNNConfig(Config):
         check_probability(dropout=self.dropout)
 
 
-class CNNClassifier(nn.Module):
+class CNNClassifier(PretrainedModel):
     """``forward(images (B, C, H, W)) -> logits (B, K)``."""
 
     def __init__(self, config: CNNConfig) -> None:
@@ -59,6 +62,33 @@ class CNNClassifier(nn.Module):
         """images ``(B, C, H, W)`` -> logits ``(B, K)``."""
         h = self.features(images)  # (B, 2C, H/2, W/2)
         return self.head(self.dropout(h.mean(dim=(2, 3))))  # (B, K)
+
+
+def _example_inputs(
+    c: CNNConfig,
+    *,
+    batch: int = 1,
+    seq_len: int | None = None,
+    src_len: int | None = None,
+    generator: torch.Generator,
+) -> tuple[tuple[Tensor, ...], dict[str, Tensor]]:
+    if seq_len is not None:
+        raise ValueError(f"{type(c).__name__} has no sequence length (seq_len={seq_len})")
+    shape = (batch, c.in_channels, 8, 8)  # the digits recipe's images; any size works
+    return (torch.randn(shape, generator=generator),), {}
+
+
+FAMILY = register_family(
+    Family(
+        name="cnn",
+        config=CNNConfig,
+        model=CNNClassifier,
+        kind=Kind.IMAGE_CLASSIFIER,
+        presets={},
+        description="a small CNN classifier, the digits recipe's baseline",
+        example_inputs=_example_inputs,
+    )
+)
 
 
 __all__ = ["CNNClassifier", "CNNConfig"]

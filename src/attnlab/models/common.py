@@ -337,12 +337,28 @@ def decoder_layer(
     )  # fmt: skip
 
 
+def example_ids(vocab_size: int, batch: int, length: int, generator: torch.Generator) -> Tensor:
+    """Random token ids ``(batch, length)`` for example inputs, avoiding ids 0-2 (pad/BOS/EOS-like
+    in every family) when the vocabulary has more, so that no padding mask changes the work."""
+    low = 3 if vocab_size > 3 else 0
+    return torch.randint(low, vocab_size, (batch, length), generator=generator)
+
+
+def check_size(name: str, value: object) -> int:
+    """A positive integer length or size, or ``ValueError`` naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
 __all__ = [
     "StackConfig",
     "attention",
+    "check_size",
     "check_token_ids",
     "decoder_layer",
     "encoder_layer",
+    "example_ids",
     "feed_forward",
     "final_norm",
     "is_moe_layer",

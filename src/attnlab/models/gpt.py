@@ -31,13 +31,42 @@ from attnlab.layers.positional import (
     RotaryEmbedding,
     build_positional_encoding,
 )
+from attnlab.models.base import GenerationMixin, PretrainedModel
 from attnlab.models.common import (
     StackConfig,
+    check_size,
     check_token_ids,
     decoder_layer,
+    example_ids,
     final_norm,
     layer_window,
     token_loss,
+)
+from attnlab.models.costs import (
+    FP32,
+    INDEX_BYTES,
+    Costs,
+    KVShape,
+    MatmulTerm,
+    ParamBreakdown,
+    activation_result,
+    attention_terms,
+    ffn_stack_terms,
+    norm_elems,
+    norm_params,
+    stack_activations,
+    stack_params,
+    stack_terms,
+)
+from attnlab.models.family import (
+    DecoderStack,
+    ExplorerSpec,
+    Family,
+    HookLayout,
+    HookStack,
+    Kind,
+    Readout,
+    register_family,
 )
 
 
@@ -72,7 +101,7 @@ class GPTConfig(StackConfig):
         check_token_ids(self, ("pad_id", "bos_id", "eos_id"), self.vocab_size)
 
 
-class GPT(nn.Module):
+class GPT(GenerationMixin, PretrainedModel):
     """Decoder-only Transformer LM: ``forward(ids) -> (logits, loss)``.
 
     For generation, create a cache with :meth:`new_cache` and call ``forward`` with it: the first
@@ -127,6 +156,15 @@ class GPT(nn.Module):
             )
         return torch.arange(offset, offset + T, device=device)  # (T,)
 
+    def embed(self, ids: Tensor, positions: Tensor) -> Tensor:
+        """The first layer's input: token embeddings with the position term (and BLOOM's
+        embedding norm), then dropout. ids ``(B, T)``, positions ``(T,)`` or ``(B, T)`` ->
+        ``(B, T, E)``."""
+        x = self.pos_encoding.embed(self.tok_embed(ids), positions)  # (B, T, E)
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
+        return self.dropout(x)
+
     def hidden_states(
         self,
         ids: Tensor,
@@ -146,28 +184,7 @@ class GPT(nn.Module):
             )
         index = self._positions(T, offset, ids.device)  # (T,)
         pos = index if positions is None else positions  # (T,) | (B, T)
-        x = self.pos_encoding.embed(self.tok_embed(ids), pos)  # (B, T, E)
-        if self.embed_norm is not None:
-            x = self.embed_norm(x)
-        x = self.dropout(x)
-        x = self.run_layers(x, index=index, positions=pos, mask=mask, cache=cache)
-        return self.final_norm(x) if self.final_norm is not None else x
-
-    def run_layers(
-        self,
-        x: Tensor,
-        *,
-        index: Tensor,
-        positions: Tensor,
-        mask: Tensor | None = None,
-        cache: KVCache | None = None,
-    ) -> Tensor:
-        """The decoder stack over embedded inputs ``x (B, T, E)`` -> ``(B, T, E)``, before the
-        final norm: ``index (T,)`` the new tokens' indices after the cache (ALiBi's distances),
-        ``positions`` ``(T,)`` or ``(B, T)`` their positions (RoPE), ``mask`` and ``cache`` as
-        :meth:`forward`. (Its own method so that a decode-time transform can stand in for the
-        whole stack: see ``attnlab.transforms.decode_layer``.)"""
-        T = x.shape[1]
+        x = self.embed(ids, pos)  # (B, T, E)
         # ALiBi depends on distances only, so token indices serve (also for shifted positions).
         # A sliding-window cache returns only its window of keys: masks follow its key positions.
         masks: dict[int, Tensor | None] = {}
@@ -184,8 +201,8 @@ class GPT(nn.Module):
                     as_attention_mask(mask[:, start:]) if mask is not None else None,
                     self.pos_encoding.score_bias(index, k_index),  # (H, T, S) or None
                 )
-            x = layer(x, mask=masks[start], is_causal=True, positions=positions, cache=layer_cache)
-        return x
+            x = layer(x, mask=masks[start], is_causal=True, positions=pos, cache=layer_cache)
+        return self.final_norm(x) if self.final_norm is not None else x
 
     def forward(
         self,
@@ -322,3 +339,115 @@ PRESETS: dict[str, GPTConfig] = {
         eos_id=None,
     ),
 }
+
+
+# -- the family's declaration (attnlab.models.family) -----------------------------------------
+
+
+def _params(c: GPTConfig) -> ParamBreakdown:
+    comp = {"embedding.token": c.vocab_size * c.d_model}
+    if c.pos_encoding == "learned":
+        comp["embedding.position"] = c.max_seq_len * c.d_model
+    if c.embed_norm:  # BLOOM's norm on the embeddings
+        comp["embedding.norm"] = norm_params(c.d_model, c.norm, c.bias)
+    comp.update(stack_params("layers", c, c.n_layers))
+    if c.use_final_norm:
+        comp["final_norm"] = norm_params(c.d_model, c.norm, c.bias)
+    comp["lm_head"] = 0 if c.tie_output else c.vocab_size * c.d_model
+    tied = {"lm_head": "embedding.token"} if c.tie_output else {}
+    return ParamBreakdown(comp, {"layers": c.n_layers}, tied)
+
+
+def _flops(c: GPTConfig, B: int, n: int, src: int | None) -> tuple[list[MatmulTerm], int]:
+    terms, softmax = stack_terms("layers", c, batch=B, n=n, n_layers=c.n_layers)
+    terms.append(MatmulTerm("lm_head", B * n, c.d_model, c.vocab_size))
+    return terms, softmax
+
+
+def _activations(
+    c: GPTConfig, *, batch: int, seq_len: int, src_len: int | None, a: int, every: int
+) -> dict[str, int]:
+    B, T, t = batch, seq_len, batch * seq_len
+    act, fp32, scores = stack_activations(c, B=B, T=T, n_layers=c.n_layers, masked=True,
+                                          every=every)  # fmt: skip
+    outside = 2 * t * INDEX_BYTES  # ids, targets
+    if c.embed_norm:
+        outside += (t * c.d_model + norm_elems(c, t)) * a
+    final = (t * c.d_model + norm_elems(c, t)) if c.use_final_norm else 0
+    outside += (final + t * c.d_model) * a + t * c.vocab_size * FP32  # head in, log-softmax
+    return activation_result(act, fp32, scores, outside, a)
+
+
+def _decode_flops(c: GPTConfig, context: int) -> int:
+    """Matmul FLOPs of one token after ``context`` cached ones: its projections and FFN, and
+    attention over ``context + 1`` keys."""
+    attn, _ = attention_terms(
+        "layers.self_attn", batch=1, q_len=1, kv_len=context + 1, d_model=c.d_model,
+        n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, count=c.n_layers, kv_input_len=1,
+    )  # fmt: skip
+    ffn = ffn_stack_terms("layers.ffn", c, tokens=1, n_layers=c.n_layers)
+    head = MatmulTerm("lm_head", 1, c.d_model, c.vocab_size)
+    return sum(t.flops for t in [*attn, *ffn, head])
+
+
+COSTS = Costs(
+    params=_params,
+    flops=_flops,
+    activations=_activations,
+    kv_cache=lambda c: KVShape(c.n_layers, (c.n_kv_heads or c.n_heads) * c.d_head),
+    decode_flops=_decode_flops,
+)
+
+
+def _hook_layout(model: GPT) -> HookLayout:
+    stack = HookStack(
+        "", (("embed.token", model.tok_embed),), model.pos_encoding, model.layers, model.final_norm
+    )
+    readout = Readout("", model.layers, model.final_norm, model.lm_head)
+    return HookLayout((stack,), head=model.lm_head, readout=readout)
+
+
+def _decoder_stack(model: GPT) -> DecoderStack:
+    c = model.config
+    modules: list[nn.Module] = [model.tok_embed, model.pos_encoding, model.dropout]
+    if model.embed_norm is not None:
+        modules.append(model.embed_norm)
+    return DecoderStack(
+        embed=model.embed,
+        token_embedding=model.tok_embed if model.embed_norm is None else None,
+        positions=model.pos_encoding,
+        embed_modules=tuple(modules),
+        layers=model.layers,
+        final_norm=model.final_norm,
+        head=model.lm_head,
+        max_positions=c.max_seq_len if c.pos_encoding == "learned" else None,
+    )
+
+
+def _example_inputs(
+    c: GPTConfig,
+    *,
+    batch: int = 1,
+    seq_len: int | None = None,
+    src_len: int | None = None,
+    generator: torch.Generator,
+) -> tuple[tuple[Tensor, ...], dict[str, Tensor]]:
+    n = c.max_seq_len if seq_len is None else check_size("seq_len", seq_len)
+    return (example_ids(c.vocab_size, batch, n, generator),), {}
+
+
+FAMILY = register_family(
+    Family(
+        name="gpt",
+        config=GPTConfig,
+        model=GPT,
+        kind=Kind.CAUSAL_LM,
+        presets=PRESETS,
+        description="decoder-only language models: GPT-2/GPT-3, Llama, Mixtral-style MoE",
+        hooks=_hook_layout,
+        costs=COSTS,
+        decode_stack=_decoder_stack,
+        example_inputs=_example_inputs,
+        explorer=ExplorerSpec(),
+    )
+)

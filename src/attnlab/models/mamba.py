@@ -29,7 +29,18 @@ from attnlab.config import Config, check_positive
 from attnlab.layers.embedding import TokenEmbedding, tie_weights
 from attnlab.layers.norm import RMSNorm
 from attnlab.layers.ssm import MambaBlock, MambaMixer, MambaState
-from attnlab.models.common import check_token_ids, token_loss
+from attnlab.models.base import GenerationMixin, PretrainedModel
+from attnlab.models.common import check_size, check_token_ids, example_ids, token_loss
+from attnlab.models.costs import (
+    FP32,
+    INDEX_BYTES,
+    Costs,
+    MatmulTerm,
+    ParamBreakdown,
+    linear_params,
+    norm_params,
+)
+from attnlab.models.family import Family, Kind, register_family
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,7 +113,7 @@ def _block(c: MambaConfig) -> MambaBlock:
     return MambaBlock(mixer, c.d_model, eps=c.norm_eps, residual_in_fp32=c.residual_in_fp32)
 
 
-class MambaLM(nn.Module):
+class MambaLM(GenerationMixin, PretrainedModel):
     """Mamba language model: ``forward(ids, targets=, state=) -> (logits, loss)``."""
 
     def __init__(self, config: MambaConfig) -> None:
@@ -185,3 +196,148 @@ PRESETS: dict[str, MambaConfig] = {
     # A tiny model for tests and examples.
     "mamba-tiny": MambaConfig(vocab_size=256, d_model=32, n_layers=2, d_state=8),
 }
+
+
+# -- the family's declaration (attnlab.models.family) -----------------------------------------
+# The closed forms below are documented with their derivations in attnlab.analysis.recurrent
+# (parameters, FLOPs, decoding state) and attnlab.analysis.recurrent_memory (activations).
+
+
+def mamba_layer_params(c: MambaConfig) -> dict[str, int]:
+    """Parameters of one Mamba block, per part of the mixer (and its norm)."""
+    E, D, N, R = c.d_inner, c.d_model, c.d_state, c.dt_rank_value
+    return {
+        "in_proj": linear_params(D, 2 * E, c.bias),
+        "conv1d": E * c.d_conv + (E if c.conv_bias else 0),
+        "x_proj": linear_params(E, R + 2 * N, bias=False),
+        "dt_proj": linear_params(R, E),
+        "ssm": E * N + E,  # A_log and D
+        "out_proj": linear_params(E, D, c.bias),
+        "norm": norm_params(D, "rmsnorm"),
+    }
+
+
+def _params(c: MambaConfig) -> ParamBreakdown:
+    L = c.n_layers
+    comp = {"embedding.token": c.vocab_size * c.d_model}
+    for part, n in mamba_layer_params(c).items():
+        comp["layers.norms" if part == "norm" else f"layers.mixer.{part}"] = L * n
+    comp["final_norm"] = norm_params(c.d_model, "rmsnorm")
+    comp["lm_head"] = 0 if c.tie_output else c.vocab_size * c.d_model
+    tied = {"lm_head": "embedding.token"} if c.tie_output else {}
+    return ParamBreakdown(comp, {"layers": L}, tied)
+
+
+def _flops(c: MambaConfig, B: int, n: int, src: int | None) -> tuple[list[MatmulTerm], int]:
+    t, L, E, D, N, R = B * n, c.n_layers, c.d_inner, c.d_model, c.d_state, c.dt_rank_value
+    terms = [
+        MatmulTerm("layers.mixer.in_proj", t, D, 2 * E, L),
+        MatmulTerm("layers.mixer.conv1d", t, c.d_conv, E, L),  # depthwise: K taps per channel
+        MatmulTerm("layers.mixer.x_proj", t, E, R + 2 * N, L),
+        MatmulTerm("layers.mixer.dt_proj", t, R, E, L),
+        MatmulTerm("layers.mixer.readout", t, N, E, L),  # y = C · h, per channel
+        MatmulTerm("layers.mixer.out_proj", t, E, D, L),
+        MatmulTerm("lm_head", t, D, c.vocab_size),
+    ]
+    return terms, 0  # no softmax; the scan's elementwise work: scan_elementwise_flops
+
+
+def _doubling_flops(T: int) -> int:
+    """Elementwise operations of recursive doubling over T steps, per state entry."""
+    if T == 1:
+        return 0
+    n = T // 2
+    return 3 * n + _doubling_flops(n) + 2 * ((T + 1) // 2)  # pair up, recurse, fix evens
+
+
+def scan_elementwise_flops(
+    config: MambaConfig, seq_len: int, *, batch: int = 1, scan: str = "parallel"
+) -> int:
+    """The selective scan's elementwise FLOPs over a forward pass (what ``FlopCounterMode``
+    does not count): discretisation ``3EN + E``, the recurrence (``2EN`` per token sequentially;
+    recursive doubling's exact count for ``"parallel"``), and the D skip ``2E``, per token and
+    layer; exp counts as one.
+
+    Raises:
+        ValueError: for a non-positive length or batch, or an unknown scan.
+    """
+    T, B = check_size("seq_len", seq_len), check_size("batch", batch)
+    if scan not in ("parallel", "sequential"):
+        raise ValueError(f"scan={scan!r} is not valid; choose one of ['parallel', 'sequential']")
+    E, N = config.d_inner, config.d_state
+    recurrence = 2 * T if scan == "sequential" else _doubling_flops(T)
+    per_layer = T * (3 * E * N + E + 2 * E) + recurrence * E * N
+    return B * config.n_layers * per_layer
+
+
+def mamba_activation_bytes(c: MambaConfig, *, batch: int, seq_len: int, a: int) -> dict[str, int]:
+    """Bytes autograd keeps for one training step on ``batch`` sequences of ``seq_len`` tokens,
+    ``a`` bytes per element (:mod:`attnlab.analysis.recurrent_memory` derives it).
+
+    Returns:
+        ``layers``, ``outside_layers``, ``attention_scores`` (0), ``scan_states`` (the
+        ``(B, T, E, N)`` tensors, part of ``layers``) and ``total``.
+    """
+    B, T, D, E, N = batch, seq_len, c.d_model, c.d_inner, c.d_state
+    t = B * T
+    norm = 3 * t * D + t
+    # x_proj reads x through a copy, except for one sequence or one token: (B, T, E) transposed
+    # from (B, E, T) then flattens to a (transposed) matrix that the product reads as it is
+    copies = t * E if B > 1 and T > 1 else 0
+    mixer = 9 * t * E + copies + B * E * (T + c.d_conv - 1) + t * (c.dt_rank_value + 2 * N)
+    states = (2 if c.scan == "parallel" else 3) * t * E * N
+    fp32 = t * E + 2 * E * N + states
+    layers = c.n_layers * ((norm + mixer) * a + fp32 * FP32)
+    outside = 2 * t * INDEX_BYTES + norm * a + t * c.vocab_size * FP32
+    return {"layers": layers, "outside_layers": outside, "attention_scores": 0,
+            "scan_states": c.n_layers * states * FP32, "total": layers + outside}  # fmt: skip
+
+
+def _state_bytes(c: MambaConfig, batch: int, a: int) -> int:
+    """conv ``(E, K - 1)`` in the dtype + SSM ``(E, N)`` in float32 per layer and sequence."""
+    return batch * c.n_layers * (c.d_inner * (c.d_conv - 1) * a + c.d_inner * c.d_state * FP32)
+
+
+COSTS = Costs(
+    params=_params,
+    flops=_flops,
+    activations=lambda c, *, batch, seq_len, src_len, a, every: mamba_activation_bytes(
+        c, batch=batch, seq_len=seq_len, a=a
+    ),
+    state_bytes=_state_bytes,
+    decode_flops=lambda c, context: sum(t.flops for t in _flops(c, 1, 1, None)[0]),
+    elementwise=lambda c, n, batch: {
+        "selective_scan": scan_elementwise_flops(c, n, batch=batch, scan=c.scan)
+    },
+    # one layer's decay, input and states, float32 (B, P, E, N) each
+    prefill_bytes=lambda c, batch, prompt: 3 * batch * prompt * c.d_inner * c.d_state * FP32,
+    default_seq_len=lambda c: None,
+    unmeasured="FlopCounterMode miscounts the depthwise convolution's backward",
+)
+
+
+def _example_inputs(
+    c: MambaConfig,
+    *,
+    batch: int = 1,
+    seq_len: int | None = None,
+    src_len: int | None = None,
+    generator: torch.Generator,
+) -> tuple[tuple[Tensor, ...], dict[str, Tensor]]:
+    if seq_len is None:
+        raise ValueError(f"{type(c).__name__} has no context length: pass seq_len")
+    return (example_ids(c.vocab_size, batch, check_size("seq_len", seq_len), generator),), {}
+
+
+FAMILY = register_family(
+    Family(
+        name="mamba",
+        config=MambaConfig,
+        model=MambaLM,
+        kind=Kind.RECURRENT_LM,
+        presets=PRESETS,
+        description="Mamba: selective state-space language models",
+        costs=COSTS,
+        example_inputs=_example_inputs,
+    )
+)

@@ -24,10 +24,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import Config, check_positive
+from attnlab.models.base import PretrainedModel
+from attnlab.models.costs import Costs, ParamBreakdown, linear_params
+from attnlab.models.family import Family, Kind, register_family
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,7 +128,7 @@ class BasicBlock(nn.Module):
         return F.relu(self.bn2(self.conv2(h)) + self.shortcut(x))
 
 
-class ResNet(nn.Module):
+class ResNet(PretrainedModel):
     """CIFAR ResNet classifier: ``forward(images (B, C, H, W)) -> logits (B, K)``."""
 
     def __init__(self, config: ResNetConfig) -> None:
@@ -202,3 +206,55 @@ PRESETS: dict[str, ResNetConfig] = {
         stage_channels=(64, 128, 256, 512), blocks_per_stage=(2, 2, 2, 2), shortcut="B"
     ),
 }
+
+
+# -- the family's declaration (attnlab.models.family) -----------------------------------------
+
+
+def _params(c: ResNetConfig) -> ParamBreakdown:
+    """3x3 convolutions without bias, BN gain + shift after each, option-B projections."""
+    width = c.stage_channels[0]
+    comp = {"stem.conv": 9 * c.in_channels * width, "stem.norm": 2 * width}
+    conv = norms = projection = projection_norms = 0
+    for i, (channels, n) in enumerate(zip(c.stage_channels, c.blocks_per_stage, strict=True)):
+        for j in range(n):
+            conv += 9 * width * channels + 9 * channels * channels
+            norms += 2 * 2 * channels
+            changes = (i > 0 and j == 0) or width != channels
+            if changes and c.shortcut == "B":
+                projection += width * channels
+                projection_norms += 2 * channels
+            width = channels
+    comp.update({"stages.conv": conv, "stages.norms": norms})
+    if projection:
+        comp.update({"stages.conv_shortcut": projection, "stages.shortcut_norms": projection_norms})
+    comp["head"] = linear_params(width, c.n_classes)
+    return ParamBreakdown(comp, {})
+
+
+def _example_inputs(
+    c: ResNetConfig,
+    *,
+    batch: int = 1,
+    seq_len: int | None = None,
+    src_len: int | None = None,
+    generator: torch.Generator,
+) -> tuple[tuple[Tensor, ...], dict[str, Tensor]]:
+    if seq_len is not None:
+        raise ValueError(f"{type(c).__name__} has no sequence length (seq_len={seq_len})")
+    shape = (batch, c.in_channels, 32, 32)  # CIFAR's images, which the stages are sized for
+    return (torch.randn(shape, generator=generator),), {}
+
+
+FAMILY = register_family(
+    Family(
+        name="resnet",
+        config=ResNetConfig,
+        model=ResNet,
+        kind=Kind.IMAGE_CLASSIFIER,
+        presets=PRESETS,
+        description="CIFAR ResNets (He et al. 2016, §4.2)",
+        costs=Costs(params=_params),
+        example_inputs=_example_inputs,
+    )
+)

@@ -26,7 +26,10 @@ from torch import Tensor, nn
 
 from attnlab.config import Config, check_positive, check_probability
 from attnlab.layers.embedding import TokenEmbedding, tie_weights
-from attnlab.models.common import check_token_ids, token_loss
+from attnlab.models.base import GenerationMixin, PretrainedModel
+from attnlab.models.common import check_size, check_token_ids, example_ids, token_loss
+from attnlab.models.costs import FP32, INDEX_BYTES, Costs, MatmulTerm, ParamBreakdown
+from attnlab.models.family import Family, Kind, register_family
 
 CELLS = ("lstm", "gru")
 
@@ -114,7 +117,7 @@ class RNNState:
         return sum(t.numel() * t.element_size() for t in (self.h, self.c) if t is not None)
 
 
-class RNNLM(nn.Module):
+class RNNLM(GenerationMixin, PretrainedModel):
     """LSTM/GRU language model: ``forward(ids, targets=, state=) -> (logits, loss)``."""
 
     def __init__(self, config: RNNConfig) -> None:
@@ -190,3 +193,102 @@ PRESETS: dict[str, RNNConfig] = {
     "gru-char-baby": RNNConfig(cell="gru", d_model=252),  # 829,584 (vocab 256), 781,452 (65)
     "lstm-tiny": RNNConfig(cell="lstm", d_model=32, vocab_size=64),
 }
+
+
+# -- the family's declaration (attnlab.models.family) -----------------------------------------
+# The closed forms below are documented with their derivations in attnlab.analysis.recurrent
+# (parameters, FLOPs, decoding state) and attnlab.analysis.recurrent_memory (activations).
+
+
+def _gates(c: RNNConfig) -> int:
+    return 4 if c.cell == "lstm" else 3
+
+
+def rnn_layer_params(c: RNNConfig, layer: int) -> int:
+    """Parameters of layer ``layer`` of the LSTM/GRU stack (torch's two bias vectors)."""
+    H, G = c.hidden_size, _gates(c)
+    d_in = c.d_model if layer == 0 else H
+    return G * H * (d_in + H) + (2 * G * H if c.bias else 0)
+
+
+def _params(c: RNNConfig) -> ParamBreakdown:
+    comp = {
+        "embedding.token": c.vocab_size * c.d_model,
+        "layers.rnn": sum(rnn_layer_params(c, i) for i in range(c.n_layers)),
+        "lm_head": 0 if c.tie_output else c.vocab_size * c.hidden_size,
+    }
+    tied = {"lm_head": "embedding.token"} if c.tie_output else {}
+    return ParamBreakdown(comp, {"layers": c.n_layers}, tied)
+
+
+def _flops(c: RNNConfig, B: int, n: int, src: int | None) -> tuple[list[MatmulTerm], int]:
+    t, H, G = B * n, c.hidden_size, _gates(c)
+    terms = []
+    for i in range(c.n_layers):
+        d_in = c.d_model if i == 0 else H
+        terms.append(MatmulTerm("layers.rnn.input", t, d_in, G * H))  # W_ih x_t, all t at once
+        terms.append(MatmulTerm("layers.rnn.hidden", t, H, G * H))  # W_hh h_{t-1}, step by step
+    terms.append(MatmulTerm("lm_head", t, H, c.vocab_size))
+    return terms, 0
+
+
+def rnn_activation_bytes(c: RNNConfig, *, batch: int, seq_len: int, a: int) -> dict[str, int]:
+    """Bytes autograd keeps for one training step (PyTorch's native cell; oneDNN's LSTM keeps
+    more: :mod:`attnlab.analysis.recurrent_memory`).
+
+    Returns:
+        ``layers``, ``outside_layers``, ``attention_scores`` (0) and ``total``.
+    """
+    t, H = batch * seq_len, c.hidden_size
+    layers = sum(t * (c.d_model if i == 0 else H) + 7 * t * H for i in range(c.n_layers)) * a
+    outside = 2 * t * INDEX_BYTES + t * H * a + t * c.vocab_size * FP32
+    return {"layers": layers, "outside_layers": outside, "attention_scores": 0,
+            "total": layers + outside}  # fmt: skip
+
+
+COSTS = Costs(
+    params=_params,
+    flops=_flops,
+    activations=lambda c, *, batch, seq_len, src_len, a, every: rnn_activation_bytes(
+        c, batch=batch, seq_len=seq_len, a=a
+    ),
+    # LSTM: h and c per layer and sequence; GRU: h
+    state_bytes=lambda c, batch, a: (
+        batch * c.n_layers * c.hidden_size * (2 if c.cell == "lstm" else 1) * a
+    ),
+    decode_flops=lambda c, context: sum(t.flops for t in _flops(c, 1, 1, None)[0]),
+    default_seq_len=lambda c: None,
+    notes=lambda c, n: [
+        "the cells' gate arithmetic (elementwise, O(B·T·H)) is not in the FLOPs; the "
+        "activation figure is PyTorch's native cell (the CPU LSTM's oneDNN kernel keeps "
+        "a larger workspace)"
+    ],
+    unmeasured="FlopCounterMode does not see the CPU LSTM's oneDNN kernel",
+)
+
+
+def _example_inputs(
+    c: RNNConfig,
+    *,
+    batch: int = 1,
+    seq_len: int | None = None,
+    src_len: int | None = None,
+    generator: torch.Generator,
+) -> tuple[tuple[Tensor, ...], dict[str, Tensor]]:
+    if seq_len is None:
+        raise ValueError(f"{type(c).__name__} has no context length: pass seq_len")
+    return (example_ids(c.vocab_size, batch, check_size("seq_len", seq_len), generator),), {}
+
+
+FAMILY = register_family(
+    Family(
+        name="rnn",
+        config=RNNConfig,
+        model=RNNLM,
+        kind=Kind.RECURRENT_LM,
+        presets=PRESETS,
+        description="LSTM and GRU language models",
+        costs=COSTS,
+        example_inputs=_example_inputs,
+    )
+)

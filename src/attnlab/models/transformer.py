@@ -31,13 +31,39 @@ from attnlab.layers.positional import (
     RotaryEmbedding,
     build_positional_encoding,
 )
+from attnlab.models.base import GenerationMixin, PretrainedModel
 from attnlab.models.common import (
     StackConfig,
+    check_size,
     check_token_ids,
     decoder_layer,
     encoder_layer,
+    example_ids,
     final_norm,
     token_loss,
+)
+from attnlab.models.costs import (
+    FP32,
+    INDEX_BYTES,
+    Costs,
+    KVShape,
+    MatmulTerm,
+    ParamBreakdown,
+    activation_result,
+    norm_elems,
+    norm_params,
+    stack_activations,
+    stack_params,
+    stack_terms,
+)
+from attnlab.models.family import (
+    ExplorerSpec,
+    Family,
+    HookLayout,
+    HookStack,
+    Kind,
+    Readout,
+    register_family,
 )
 
 
@@ -145,7 +171,7 @@ class Decoder(nn.Module):
         return self.final_norm(x) if self.final_norm is not None else x
 
 
-class EncoderDecoderTransformer(nn.Module):
+class EncoderDecoderTransformer(GenerationMixin, PretrainedModel):
     """The paper's model: ``forward(src, tgt) -> (logits, loss)``.
 
     Use :meth:`encode` once and :meth:`decode` per step (with a :class:`KVCache`) to generate.
@@ -296,3 +322,121 @@ PRESETS: dict[str, TransformerConfig] = {
         vocab_size=64, d_model=64, n_heads=4, n_layers=2, d_ff=256, dropout=0.1, max_seq_len=64
     ),
 }
+
+
+# -- the family's declaration (attnlab.models.family) -----------------------------------------
+
+
+def _params(c: TransformerConfig) -> ParamBreakdown:
+    comp = {"embedding.token": c.vocab_size * c.d_model}
+    tied: dict[str, str] = {}
+    if c.share_embeddings:
+        tied["embedding.target"] = "embedding.token"
+    else:
+        comp["embedding.target"] = c.target_vocab_size * c.d_model
+    if c.pos_encoding == "learned":
+        comp["embedding.position"] = c.max_seq_len * c.d_model
+    comp.update(stack_params("encoder", c, c.n_layers))
+    if c.use_final_norm:
+        comp["encoder.final_norm"] = norm_params(c.d_model, c.norm, c.bias)
+    comp.update(stack_params("decoder", c, c.num_decoder_layers, cross_attention=True))
+    if c.use_final_norm:
+        comp["decoder.final_norm"] = norm_params(c.d_model, c.norm, c.bias)
+    comp["lm_head"] = 0 if c.tie_output else c.target_vocab_size * c.d_model
+    if c.output_bias:  # Marian's bias on the pre-softmax projection
+        comp["lm_head"] += c.target_vocab_size
+    if c.tie_output:
+        tied["lm_head"] = "embedding.target" if not c.share_embeddings else "embedding.token"
+    return ParamBreakdown(comp, {"encoder": c.n_layers, "decoder": c.num_decoder_layers}, tied)
+
+
+def _flops(c: TransformerConfig, B: int, n: int, src: int | None) -> tuple[list[MatmulTerm], int]:
+    S = n if src is None else src
+    terms, softmax = stack_terms("encoder", c, batch=B, n=S, n_layers=c.n_layers)
+    dec, dec_softmax = stack_terms(
+        "decoder", c, batch=B, n=n, n_layers=c.num_decoder_layers, memory_len=S
+    )
+    terms.append(MatmulTerm("lm_head", B * n, c.d_model, c.target_vocab_size))
+    terms[-1:-1] = dec  # keep model order: encoder, decoder, head
+    return terms, softmax + dec_softmax
+
+
+def _activations(
+    c: TransformerConfig, *, batch: int, seq_len: int, src_len: int | None, a: int, every: int
+) -> dict[str, int]:
+    B, T, t = batch, seq_len, batch * seq_len
+    S = T if src_len is None else check_size("src_len", src_len)
+    masked = c.pad_id is not None
+    enc = stack_activations(c, B=B, T=S, n_layers=c.n_layers, masked=masked, every=every)
+    dec = stack_activations(c, B=B, T=T, n_layers=c.num_decoder_layers, masked=True,
+                            memory_len=S, every=every)  # fmt: skip
+    act, fp32, scores = (x + y for x, y in zip(enc, dec, strict=True))
+    outside = (B * S + 2 * t) * INDEX_BYTES  # source ids, target ids, targets
+    outside += B * S * c.d_model * a  # the memory, input of every cross-attention k/v
+    if c.use_final_norm:
+        outside += ((B * S + t) * c.d_model + norm_elems(c, B * S) + norm_elems(c, t)) * a
+    outside += t * c.d_model * a + t * c.target_vocab_size * FP32
+    return activation_result(act, fp32, scores, outside, a)
+
+
+COSTS = Costs(
+    params=_params,
+    flops=_flops,
+    activations=_activations,
+    kv_cache=lambda c: KVShape(
+        c.num_decoder_layers, (c.n_kv_heads or c.n_heads) * c.d_head, cross=True
+    ),
+    notes=lambda c, n: ["tokens = target tokens (B·T) for the per-token and 6·N·tokens figures"],
+)
+
+
+def _hook_layout(model: EncoderDecoderTransformer) -> HookLayout:
+    # the embeddings (shared when share_embeddings) and the positional encoding serve both
+    # stacks: their points fire only inside encode() or decode()
+    stacks = tuple(
+        HookStack(
+            f"{scope}.",
+            (("embed.token", embed),),
+            model.pos_encoding,
+            stack.layers,
+            stack.final_norm,
+            runs_in=method,
+        )
+        for scope, embed, stack, method in (
+            ("encoder", model.src_embed, model.encoder, "encode"),
+            ("decoder", model.tgt_embed, model.decoder, "decode"),
+        )
+    )
+    d = model.decoder
+    readout = Readout("decoder.", d.layers, d.final_norm, model.lm_head)
+    return HookLayout(stacks, head=model.lm_head, readout=readout)
+
+
+def _example_inputs(
+    c: TransformerConfig,
+    *,
+    batch: int = 1,
+    seq_len: int | None = None,
+    src_len: int | None = None,
+    generator: torch.Generator,
+) -> tuple[tuple[Tensor, ...], dict[str, Tensor]]:
+    n = c.max_seq_len if seq_len is None else check_size("seq_len", seq_len)
+    S = n if src_len is None else check_size("src_len", src_len)
+    src = example_ids(c.vocab_size, batch, S, generator)  # (B, S)
+    return (src, example_ids(c.target_vocab_size, batch, n, generator)), {}
+
+
+FAMILY = register_family(
+    Family(
+        name="transformer",
+        config=TransformerConfig,
+        model=EncoderDecoderTransformer,
+        kind=Kind.SEQ2SEQ,
+        presets=PRESETS,
+        description="the paper's encoder-decoder Transformer (Table 3)",
+        hooks=_hook_layout,
+        costs=COSTS,
+        example_inputs=_example_inputs,
+        explorer=ExplorerSpec(),
+    )
+)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -28,7 +28,29 @@ from attnlab.layers.positional import (
     NoPositionalEncoding,
     PositionalEncoding,
 )
+from attnlab.models.base import PretrainedModel
 from attnlab.models.common import StackConfig, encoder_layer, final_norm
+from attnlab.models.costs import (
+    Costs,
+    MatmulTerm,
+    ParamBreakdown,
+    activation_result,
+    linear_params,
+    norm_elems,
+    norm_params,
+    stack_activations,
+    stack_params,
+    stack_terms,
+)
+from attnlab.models.family import (
+    ExplorerSpec,
+    Family,
+    HookLayout,
+    HookStack,
+    ImageShape,
+    Kind,
+    register_family,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +100,7 @@ class ViTConfig(StackConfig):
         return self.n_patches + 1
 
 
-class ViT(nn.Module):
+class ViT(PretrainedModel):
     """Vision Transformer classifier: ``forward(images) -> logits (B, K)``."""
 
     def __init__(self, config: ViTConfig) -> None:
@@ -175,3 +197,112 @@ PRESETS: dict[str, ViTConfig] = {
     # forward MFLOPs per image (0.45x and 0.46x vit-cifar's), about twice the epochs per minute
     "vit-cifar-small": dataclasses.replace(_VIT_CIFAR, d_model=128, n_heads=4, d_ff=256),
 }
+
+
+# -- the family's declaration (attnlab.models.family) -----------------------------------------
+
+
+def _params(c: ViTConfig) -> ParamBreakdown:
+    comp = {
+        "embedding.patch": c.in_channels * c.patch_size**2 * c.d_model + c.d_model,
+        "embedding.cls": c.d_model,
+    }
+    if c.pos_encoding == "learned":
+        comp["embedding.position"] = c.max_seq_len * c.d_model
+    comp.update(stack_params("layers", c, c.n_layers))
+    comp["final_norm"] = norm_params(c.d_model, c.norm, c.bias)
+    if c.pooler:
+        comp["pooler"] = linear_params(c.d_model, c.d_model)
+    if c.n_classes:  # 0: a feature extractor without a head
+        comp["head"] = linear_params(c.d_model, c.n_classes)
+    return ParamBreakdown(comp, {"layers": c.n_layers})
+
+
+def _flops(c: ViTConfig, B: int, n: int, src: int | None) -> tuple[list[MatmulTerm], int]:
+    # The patch projection is a matmul per patch: (C·p·p) inputs -> E; images need no gradient.
+    patch_in = c.in_channels * c.patch_size**2
+    terms = [MatmulTerm("patch_embed.proj", B * (n - 1), patch_in, c.d_model, 1, True)]
+    stack, softmax = stack_terms("layers", c, batch=B, n=n, n_layers=c.n_layers)
+    terms += stack
+    if c.pooler:
+        terms.append(MatmulTerm("pooler", B, c.d_model, c.d_model))  # on the pooled vector
+    if c.n_classes:
+        terms.append(MatmulTerm("head", B, c.d_model, c.n_classes))
+    return terms, softmax
+
+
+def _activations(
+    c: ViTConfig, *, batch: int, seq_len: int, src_len: int | None, a: int, every: int
+) -> dict[str, int]:
+    B, T, t = batch, seq_len, batch * seq_len
+    act, fp32, scores = stack_activations(c, B=B, T=T, n_layers=c.n_layers, masked=False,
+                                          every=every)  # fmt: skip
+    outside = (t * c.d_model + norm_elems(c, t)) * a  # final norm
+    outside += B * (T - 1) * c.in_channels * c.patch_size**2 * a  # images (conv weight grad)
+    # what the pooler/head keeps: [CLS] is a view keeping the final hidden state alive, a
+    # mean is a new (B, E); a pooler keeps its tanh output too (the head's input)
+    if c.pooler or c.n_classes:
+        outside += (t if c.pool == "cls" else B) * c.d_model * a
+    if c.pooler:
+        outside += B * c.d_model * a
+    return activation_result(act, fp32, scores, outside, a)
+
+
+def _notes(c: ViTConfig, n: int) -> list[str]:
+    if n != c.max_seq_len:
+        return [f"seq_len={n} means {n - 1} patches, another image size than the config's"]
+    return []
+
+
+COSTS = Costs(
+    params=_params,
+    flops=_flops,
+    activations=_activations,
+    min_seq_len=2,
+    min_seq_len_why="a ViT sequence is [CLS] + at least one patch",
+    notes=_notes,
+)
+
+
+def _hook_layout(model: ViT) -> HookLayout:
+    stack = HookStack(
+        "", (("embed.patch", model.patch_embed),), model.pos_encoding, model.layers,
+        model.final_norm,
+    )  # fmt: skip
+    return HookLayout((stack,), head=model.head, head_axes=("batch", "class"))
+
+
+def example_images(
+    c: Any,
+    *,
+    batch: int = 1,
+    seq_len: int | None = None,
+    src_len: int | None = None,
+    generator: torch.Generator,
+) -> tuple[tuple[Tensor, ...], dict[str, Tensor]]:
+    """Random images ``(B, C, H, W)`` of an image classifier's config (its own size only)."""
+    if seq_len not in (None, c.max_seq_len):
+        raise ValueError(
+            f"this {type(c).__name__.removesuffix('Config')} sees {c.max_seq_len} tokens per "
+            f"image; change image_size to measure seq_len={seq_len}"
+        )
+    shape = (batch, c.in_channels, c.image_size, c.image_size)
+    return (torch.randn(shape, generator=generator),), {}
+
+
+FAMILY = register_family(
+    Family(
+        name="vit",
+        config=ViTConfig,
+        model=ViT,
+        kind=Kind.IMAGE_CLASSIFIER,
+        presets=PRESETS,
+        description="Vision Transformers: patches, [CLS], an encoder and a linear head",
+        hooks=_hook_layout,
+        costs=COSTS,
+        example_inputs=example_images,
+        explorer=ExplorerSpec(
+            images=lambda c: ImageShape(c.image_size, c.in_channels, c.patch_size)
+        ),
+    )
+)

@@ -4,8 +4,11 @@ The paper's layers describe the mathematics only; what changes *how* a model run
 changing what it computes (or, for quantization, what it stores) is applied here, to a model
 that already exists:
 
-- :mod:`~attnlab.transforms.decode_weights`: reordered weight copies for the per-token
-  projections of decoding on the CPU (used by :mod:`attnlab.generation` for one call).
+- :mod:`~attnlab.transforms.decode_engine`: the fused CPU decode engine
+  (:class:`FusedDecoder`), which runs a causal LM's decoding steps from outside the model on
+  decode-time weight copies (:mod:`~attnlab.transforms.decode_weights`) or attnlab's C++ steps
+  (:mod:`~attnlab.transforms.decode_layer`, :mod:`attnlab.kernels`); chosen by
+  ``GenerationConfig(engine=...)`` (:mod:`attnlab.generation.engines`) for one call.
 - :mod:`~attnlab.transforms.precision`: attention computed in float32 inside a bfloat16-autocast
   model (the trainer's mixed precisions on the CPU).
 - :mod:`~attnlab.transforms.activation_checkpointing`: recompute every (k-th) block in the
@@ -30,11 +33,13 @@ from attnlab.transforms.activation_checkpointing import (
     remove_checkpointing,
 )
 from attnlab.transforms.compile import compile_model, is_compiled, uncompiled
+from attnlab.transforms.decode_engine import FusedDecoder
 from attnlab.transforms.decode_weights import (
     MAX_ROWS,
     ONEDNN_MIN_NUMEL,
     DecodeWeight,
     copy_numel,
+    copy_pays,
     decode_layout,
     release_copies,
     reordering_available,
@@ -69,6 +74,7 @@ __all__ = [
     "QUANTIZATION_NAME",
     "DecodeWeight",
     "Float32Attention",
+    "FusedDecoder",
     "Int4Linear",
     "Int8Linear",
     "QuantizationConfig",
@@ -81,6 +87,7 @@ __all__ = [
     "checkpointed_blocks",
     "compile_model",
     "copy_numel",
+    "copy_pays",
     "decode_layout",
     "fitting_group_size",
     "float32_attention",

@@ -1,13 +1,12 @@
-"""One call per decoder layer and decoded token, or per whole step, for quantized decoders (see
-:func:`attnlab.transforms.decode_weights.decode_layout`).
+"""The C++ step of a quantized decoder layer, and of a whole stack (for the fused decode engine).
 
 At one token per sequence a quantized GPT-2-small layer is seven kernel calls of a few hundred
 microseconds and some twenty small operations (norms, head views, the KV-cache write, residual
 adds, the activation) of a few microseconds each, every one of them dispatched from Python; on
 issue 27's 2-core Xeon those small steps cost 3.3 ms per token, as much as the int4 products.
-``csrc/decode_layer.cpp`` runs a whole layer's step in C++ with attnlab's int8/int4 and
-decode-attention kernels, computing what the modules compute in the same order, so the result is
-bit for bit the modules' (to 1e-5 with the exact GELU; tests/transforms/test_decode_layer.py).
+``attnlab/kernels/csrc/decode_layer.cpp`` runs a whole layer's step in C++ with attnlab's int8/int4
+and decode-attention kernels, computing what the modules compute in the same order, so the result
+is bit for bit the modules' (to 1e-5 with the exact GELU; tests/transforms/test_decode_layer.py).
 
 :func:`layer_plan` describes a layer for that operator, or returns ``None`` when the layer is
 not one it covers: a :class:`~attnlab.layers.blocks.DecoderLayer` without cross-attention,
@@ -15,13 +14,12 @@ attnlab's ``LayerNorm`` or ``RMSNorm``, a :class:`~attnlab.layers.feedforward.Fe
 or gated), an ``sdpa`` self-attention (RoPE or none) whose q/k/v can be joined in a
 :class:`~attnlab.transforms.decode_weights.QuantizedStack` (the step reads q, k and v from their
 own layers), and an output projection and FFN of int8/int4 layers run by attnlab's kernels.
-:func:`fused_forward` is the layer's ``forward`` while
-:func:`~attnlab.transforms.decode_weights.decode_layout` is active: a step it covers (one new
-token per sequence, no mask, autograd off, no hooks, a plain cache with room, no active dropout)
-runs as one call; anything else runs the modules as before. A :class:`FusedStack` gives a GPT its
-``run_layers`` and ``hidden_states`` meanwhile: when every layer would take its fused step, the
-stack is one call (and with a plain embedding and final norm, the whole step from token ids to
-the final norm); else the class's own.
+:func:`takes_step` says whether a step is one the plan covers (one new token per sequence, no
+mask, autograd off, no hooks, a plain cache with room, no active dropout) and :func:`layer_step`
+runs it. :class:`CppStack` runs a decoder's whole stack in one call when every layer has a plan
+(and, with a plain embedding and final norm, the whole step from token ids to the final norm);
+the engine (:mod:`attnlab.transforms.decode_engine`) calls it from outside the model, which it
+never changes.
 
 Shapes: x ``(B, 1, E)`` -> ``(B, 1, E)``; the cache ``(B, H_kv, L, D)`` gains position
 ``length``.
@@ -30,7 +28,7 @@ Shapes: x ``(B, 1, E)`` -> ``(B, 1, E)``; the cache ``(B, H_kv, L, D)`` gains po
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
@@ -39,7 +37,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules import module as torch_module
 
-import attnlab.transforms.woq_kernels as wk
+import attnlab.kernels as wk
 from attnlab.layers.blocks import DecoderLayer
 from attnlab.layers.embedding import TokenEmbedding
 from attnlab.layers.feedforward import GATED, FeedForward
@@ -49,11 +47,10 @@ from attnlab.layers.norm import LayerNorm, RMSNorm
 from attnlab.layers.positional import (
     LearnedPositionalEmbedding,
     NoPositionalEncoding,
-    PositionalEncoding,
     RotaryEmbedding,
     check_positions,
 )
-from attnlab.models.gpt import GPT
+from attnlab.models.family import DecoderStack
 from attnlab.transforms.quant_modules import QuantizedLinear
 
 # the codes of csrc/decode_layer.cpp
@@ -263,52 +260,29 @@ def _rope(
     return memo.cos_sin(plan.rotary, positions)
 
 
-def fused_forward(
-    layer: DecoderLayer, plan: LayerPlan, memo: RotaryMemo | None = None
-) -> Callable[..., Tensor]:
-    """``layer.forward`` that runs a step the plan covers as one call (see the module doc);
-    ``memo``: shared by the layers of one model (a RoPE model's cos and sin made once a step)."""
-    step = torch.ops.attnlab_decode.layer_step
-    rope = memo or RotaryMemo()
+def layer_step(
+    plan: LayerPlan, memo: RotaryMemo, x: Tensor, positions: Tensor | None, cache: LayerKVCache
+) -> Tensor:
+    """The C++ step of a layer whose :func:`takes_step` holds: x ``(B, 1, E)`` -> ``(B, 1, E)``;
+    the cache gains one position. ``memo``: the model's RoPE cos and sin of this step."""
+    cos, sin = _rope(plan, memo, positions, x, cache)
+    y = wk.layer_step(
+        x, plan.tensors, plan.config, plan.floats, cast(Tensor, cache.k), cast(Tensor, cache.v),
+        cache.length, cos, sin,
+    )  # fmt: skip
+    cache.length += 1
+    return y
 
-    def forward(
-        x: Tensor,
-        memory: Tensor | None = None,
-        *,
-        mask: Tensor | None = None,
-        positions: Tensor | None = None,
-        cache: LayerKVCache | None = None,
-        **kwargs: Any,
-    ) -> Tensor:
-        if (
-            memory is None
-            and mask is None
-            and cache is not None
-            and _takes_step(layer, plan, x, cache)
-        ):
-            cos, sin = _rope(plan, rope, positions, x, cache)
-            y = step(
-                x, plan.tensors, plan.config, plan.floats, cache.k, cache.v, cache.length, cos, sin
-            )
-            cache.length += 1
-            return cast(Tensor, y)
-        return DecoderLayer.forward(
-            layer, x, memory, mask=mask, positions=positions, cache=cache, **kwargs
-        )
 
-    forward.plan = plan  # type: ignore[attr-defined]  # for tests and inspection
-    return forward
+def takes_step(layer: nn.Module, plan: LayerPlan, x: Tensor, cache: LayerKVCache) -> bool:
+    """Whether :func:`layer_step` covers ``layer``'s next step on ``x`` with ``cache`` (the
+    caller has checked that no mask applies)."""
+    return _takes_step(cast(DecoderLayer, layer), plan, x, cache)
 
 
 _ACTIVATION_HOOK = operator.attrgetter("activation_hook")
-_NO_BIAS = PositionalEncoding.score_bias
 # positions decode_step adds itself (a table row) or that add nothing to the embedding
 _PLAIN_POSITIONS = (LearnedPositionalEmbedding, RotaryEmbedding, NoPositionalEncoding)
-
-
-def _forward_of(layer: nn.Module) -> object:
-    """The ``forward`` set on ``layer`` itself (decode_layout's fused one), or ``None``."""
-    return layer.__dict__.get("forward")
 
 
 class _Registrations:
@@ -364,13 +338,12 @@ class _StackGuard:
         self, layers: Sequence[nn.Module], plans: Sequence[LayerPlan], final_norm: nn.Module | None
     ) -> None:
         self.layers = tuple(layers)
-        self.forwards = tuple(map(_forward_of, layers))
         self.plans = tuple(plans)
         modules = [
             m for layer, plan in zip(layers, plans, strict=True) for m in (layer, *plan.modules)
         ]
         # the final norm, which only decode_step runs: a hook on it, or another kind of norm,
-        # leaves the step to the class's hidden_states (and its stack to run_layers)
+        # leaves the step to the engine's layer-by-layer path (and the stack to stack_step)
         self.final_norm = final_norm
         self.final_ok = final_norm is None or type(final_norm) in NORM_KINDS
         self.final_hooks: tuple[Any, ...] = ()
@@ -386,7 +359,7 @@ class _StackGuard:
         # one call for the whole stack where its layers share one RoPE module (or have none)
         self.stack: Any = None
         if len({id(plan.rotary) for plan in plans}) == 1:
-            self.stack = torch.classes.attnlab_decode.DecodeStack(
+            self.stack = wk.decode_stack(
                 [t for plan in plans for t in plan.tensors],
                 [c for plan in plans for c in plan.config],
                 [f for plan in plans for f in plan.floats],
@@ -401,10 +374,6 @@ class _StackGuard:
         self.stores = tuple(w[0] for w in watched)
         self.names = tuple(w[1] for w in watched)
         self.tensors = tuple(w[2] for w in watched)
-
-    def matches(self, layers: tuple[nn.Module, ...]) -> bool:
-        """Whether this guard was made for these layers with their fused forwards of now."""
-        return layers == self.layers and tuple(map(_forward_of, layers)) == self.forwards
 
     def holds(self) -> bool:
         """The step-independent part of :func:`_takes_step` for every layer at once: autograd
@@ -439,135 +408,78 @@ def _cache_takes(cache: LayerKVCache, batch: int) -> bool:
     )
 
 
-class FusedStack:
-    """A GPT's decoder stack, and its whole one-token step, as few C++ calls (installed by
-    ``decode_layout`` as the model's ``run_layers`` and ``hidden_states``).
+def _buffers(caches: Sequence[LayerKVCache]) -> tuple[list[Tensor], list[Tensor]]:
+    """The caches' key and value buffers (allocated: :func:`_cache_takes` checked them)."""
+    return [cast(Tensor, c.k) for c in caches], [cast(Tensor, c.v) for c in caches]
 
-    :meth:`run_layers`: when every layer would take its fused step (:func:`fused_forward`
-    installed, the same checks, no hooks on the layers themselves, no mask and no ALiBi bias),
-    the layers' steps run in one ``stack_step`` call; otherwise the class's own loop.
-    :meth:`hidden_states`: when moreover the embedding is a plain table lookup (learned, rotary
-    or no positions, no embedding norm, no active dropout, no hooks) and the final norm a
-    LayerNorm or RMSNorm (or none), the whole step from token ids to the normalised hidden
-    state is one ``decode_step`` call; otherwise the class's own, which calls :meth:`run_layers`.
+
+class CppStack:
+    """A decoder's whole stack, and its whole one-token step, as one C++ call each.
+
+    Made by the engine when every layer of a :class:`~attnlab.models.family.DecoderStack` has a
+    :class:`LayerPlan`. :meth:`caches_for` says whether a step is one the stack covers (every
+    layer would take its fused step: the same checks as :func:`takes_step`, on a
+    :class:`_StackGuard`); :meth:`run` is ``stack_step`` (the layers back to back) and
+    :meth:`decode_step` the whole step from token ids to the final norm, when the embedding is a
+    plain table lookup (learned, rotary or no positions, no embedding norm, no active dropout, no
+    hooks) and the final norm a LayerNorm or RMSNorm (or none).
 
     Why: a token's Python between two layer calls (the module call, the layer's checks) ran
     about 75 us on issue 27's 2-core Xeon, five times its cost in isolation, because each layer
     streams megabytes of weights through the caches and the interpreter's own code and data
     must come back after it. (Ad-hoc scripts, 2026-12-06, GPT-2 small with int4 weights and
     head: a bare loop of the twelve calls took 5.7 ms where the modules' path took 7.8 ms; the
-    embedding and final norm around them took 0.3 ms.) The checks run on a
-    :class:`_StackGuard`, made again whenever the layers, their fused forwards or the final
-    norm change.
+    embedding and final norm around them took 0.3 ms.)
     """
 
-    def __init__(self, model: GPT, memo: RotaryMemo) -> None:
-        self.model = model
+    def __init__(self, stack: DecoderStack, plans: Sequence[LayerPlan], memo: RotaryMemo) -> None:
+        self.stack = stack
         self.memo = memo
-        self.guard: _StackGuard | None = None
-        self.step = torch.ops.attnlab_decode.layer_step
-        self.stack_step = torch.ops.attnlab_decode.stack_step
-        self.decode_step = torch.ops.attnlab_decode.decode_step
-
-    def current_guard(self, layers: tuple[nn.Module, ...]) -> _StackGuard | None:
-        """The guard of these layers (and the model's final norm), made if needed."""
-        g, final = self.guard, self.model.final_norm
-        if g is not None and g.matches(layers) and g.final_norm is final:
-            return g
-        plans = [active_plan(layer) for layer in layers]
-        self.guard = None
-        if any(plan is None for plan in plans):
-            return None
-        self.guard = _StackGuard(layers, cast("list[LayerPlan]", plans), final)
-        return self.guard
+        self.guard = _StackGuard(list(stack.layers), plans, stack.final_norm)
 
     def caches_for(self, cache: KVCache, batch: int) -> list[LayerKVCache] | None:
-        """The layers' caches in ``cache`` when the whole stack takes its fused steps for
-        ``batch`` rows (the caller has checked its input), else ``None``."""
-        layers = tuple(self.model.layers)
-        if not layers:
+        """The layers' caches in ``cache`` when every layer takes its fused step for ``batch``
+        rows (the caller has checked its input), else ``None``."""
+        g = self.guard
+        if not g.holds():
             return None
-        g = self.current_guard(layers)
-        if g is None or not g.holds():
-            return None
-        caches = [c for c, _ in map(cache.layer, range(len(layers)))]
+        caches = [c for c, _ in map(cache.layer, range(len(g.layers)))]
         if not all(_cache_takes(c, batch) for c in caches):
             return None
         return caches
 
-    def run_layers(
-        self,
-        x: Tensor,
-        *,
-        index: Tensor,
-        positions: Tensor,
-        mask: Tensor | None = None,
-        cache: KVCache | None = None,
-    ) -> Tensor:
-        """``GPT.run_layers``, the stack in one call where it applies (see the class doc)."""
-        model = self.model
-        caches = None
-        if (
-            mask is None
-            and cache is not None
-            and x.dim() == 3
-            and x.shape[1] == 1
-            and x.dtype == torch.float32
-            and x.is_cpu
-            and x.is_contiguous()
-        ):
-            caches = self.caches_for(cache, x.shape[0])
-        if caches is not None and type(model.pos_encoding).score_bias is not _NO_BIAS:
-            k_index = caches[0].key_positions(x.shape[1], x.device)  # (S,)
-            if model.pos_encoding.score_bias(index, k_index) is not None:  # ALiBi: the modules
-                caches = None
-        if caches is None:
-            return GPT.run_layers(
-                model, x, index=index, positions=positions, mask=mask, cache=cache
-            )
-        g = cast(_StackGuard, self.guard)
+    def run(self, x: Tensor, positions: Tensor | None, caches: list[LayerKVCache]) -> Tensor | None:
+        """Every layer on ``x`` ``(B, 1, E)`` in one call (``None``: a RoPE stack whose layers'
+        caches differ in length, which the one call cannot take)."""
+        g = self.guard
         lengths = [c.length for c in caches]
-        if g.stack is not None and (g.plans[0].rotary is None or min(lengths) == max(lengths)):
-            cos, sin = _rope(g.plans[0], self.memo, positions, x, caches[0])
-            x = self.stack_step(
-                x, g.stack, [c.k for c in caches], [c.v for c in caches], lengths, cos, sin
-            )
-            for c in caches:
-                c.length += 1
-            return x
-        for plan, layer_cache in zip(g.plans, caches, strict=True):
-            cos, sin = _rope(plan, self.memo, positions, x, layer_cache)
-            x = self.step(
-                x,
-                plan.tensors,
-                plan.config,
-                plan.floats,
-                layer_cache.k,
-                layer_cache.v,
-                layer_cache.length,
-                cos,
-                sin,
-            )
-            layer_cache.length += 1
+        if g.stack is None or not (g.plans[0].rotary is None or min(lengths) == max(lengths)):
+            return None
+        cos, sin = _rope(g.plans[0], self.memo, positions, x, caches[0])
+        ks, vs = _buffers(caches)
+        x = wk.stack_step(x, g.stack, ks, vs, lengths, cos, sin)
+        for c in caches:
+            c.length += 1
         return x
 
     def _embedding(self, ids: Tensor) -> tuple[Tensor, float, Tensor | None] | None:
-        """(token table, scale, learned position table or None) when the model's embedding of
-        one new token per row is a plain lookup the C++ step makes, else ``None``."""
-        model = self.model
-        tok, pos, drop = model.tok_embed, model.pos_encoding, model.dropout
+        """(token table, scale, learned position table or None) when the embedding of one new
+        token per row is a plain lookup the C++ step makes, else ``None``."""
+        s = self.stack
+        tok, pos = s.token_embedding, s.positions
         if not (
-            ids.dim() == 2
+            tok is not None
+            and ids.dim() == 2
             and ids.shape[1] == 1
             and ids.dtype == torch.int64
             and ids.is_cpu
             and type(tok) is TokenEmbedding
             and type(pos) in _PLAIN_POSITIONS
-            and model.embed_norm is None
-            and (not drop.training or drop.p == 0)
             and pos.activation_hook is None
-            and not (tok._forward_hooks or tok._forward_pre_hooks)
-            and not (drop._forward_hooks or drop._forward_pre_hooks)
+            and not any(m._forward_hooks or m._forward_pre_hooks for m in s.embed_modules)
+            and not any(
+                isinstance(m, nn.Dropout) and m.training and m.p > 0 for m in s.embed_modules
+            )
         ):
             return None
         table = tok.weight
@@ -580,78 +492,41 @@ class FusedStack:
             return None
         return table, tok.scale, pe
 
-    def hidden_states(
-        self,
-        ids: Tensor,
-        *,
-        mask: Tensor | None = None,
-        positions: Tensor | None = None,
-        cache: KVCache | None = None,
-    ) -> Tensor:
-        """``GPT.hidden_states``, the whole step in one call where it applies (class doc)."""
-        model = self.model
-        embedding = None
-        if mask is None and positions is None and cache is not None:
-            embedding = self._embedding(ids)
-        if embedding is not None and cache is not None:
-            offset = cache.seq_len
-            # past the learned table: the class's own path raises its error
-            if embedding[2] is None or offset < model.config.max_seq_len:
-                caches = self.caches_for(cache, ids.shape[0])
-                g = self.guard
-                if (
-                    caches is not None
-                    and g is not None
-                    and g.stack is not None
-                    and g.final_ok
-                    and not any(g.final_hooks)
-                ):
-                    lengths = [c.length for c in caches]
-                    rotary = g.plans[0].rotary
-                    cos = sin = None
-                    if rotary is not None and min(lengths) == max(lengths):
-                        cos, sin = self.memo.cos_sin(
-                            rotary, positions_for(1, caches[0], ids.device)
-                        )
-                    if rotary is None or cos is not None:
-                        table, scale, pe = embedding
-                        x = self.decode_step(
-                            ids,
-                            table,
-                            scale,
-                            pe,
-                            offset,
-                            g.stack,
-                            [c.k for c in caches],
-                            [c.v for c in caches],
-                            lengths,
-                            cos,
-                            sin,
-                        )
-                        for c in caches:
-                            c.length += 1
-                        return cast(Tensor, x)
-        return GPT.hidden_states(model, ids, mask=mask, positions=positions, cache=cache)
-
-
-def fused_stack(model: GPT, memo: RotaryMemo) -> FusedStack:
-    """The :class:`FusedStack` of ``model`` (``memo``: the model's RoPE cos and sin per step)."""
-    return FusedStack(model, memo)
-
-
-def active_plan(layer: nn.Module) -> LayerPlan | None:
-    """The plan ``layer`` decodes with inside ``decode_layout``, or ``None``."""
-    plan = getattr(layer.__dict__.get("forward"), "plan", None)
-    return plan if isinstance(plan, LayerPlan) else None
+    def decode_step(self, ids: Tensor, cache: KVCache) -> Tensor | None:
+        """The whole step from ids ``(B, 1)`` (positions after the cache, no mask) to the final
+        norm's output ``(B, 1, E)`` in one call, or ``None`` when it does not apply."""
+        embedding = self._embedding(ids)
+        if embedding is None:
+            return None
+        offset = cache.seq_len
+        limit = self.stack.max_positions
+        if embedding[2] is not None and limit is not None and offset >= limit:
+            return None  # past the learned table: the modules raise their error
+        caches = self.caches_for(cache, ids.shape[0])
+        g = self.guard
+        if caches is None or g.stack is None or not g.final_ok or any(g.final_hooks):
+            return None
+        lengths = [c.length for c in caches]
+        rotary = g.plans[0].rotary
+        cos = sin = None
+        if rotary is not None:
+            if min(lengths) != max(lengths):
+                return None
+            cos, sin = self.memo.cos_sin(rotary, positions_for(1, caches[0], ids.device))
+        table, scale, pe = embedding
+        ks, vs = _buffers(caches)
+        x = wk.decode_step(ids, table, scale, pe, offset, g.stack, ks, vs, lengths, cos, sin)
+        for c in caches:
+            c.length += 1
+        return x
 
 
 __all__ = [
-    "FusedStack",
+    "CppStack",
     "LayerPlan",
     "RotaryMemo",
-    "active_plan",
-    "fused_forward",
-    "fused_stack",
     "layer_plan",
+    "layer_step",
+    "takes_step",
     "watch_registrations",
 ]

@@ -1,4 +1,4 @@
-"""Decode-time weight layout: faster copies of the projections that run once per token.
+"""Decode-time weight layouts: faster copies of the projections that run once per token.
 
 Decoding is a chain of skinny matrix products (one row per sequence), each streaming a whole
 weight from memory, so the kernel's memory bandwidth decides the time per token. On the CPU
@@ -17,41 +17,19 @@ weights are another matter: oneDNN's fixed cost per call outweighs the
 bandwidth (a d_model 128 GPT decoded 1.8x slower), so weights under :data:`ONEDNN_MIN_NUMEL`
 elements get an *input-major* copy instead (``(in, out)`` storage used through a transposed
 view; MKL's kernel for it beats ``nn.Linear``'s layout on wide matrices read by 1-2 rows).
+:func:`copy_pays` says which copies pay for a number of rows: for weights of at least
+:data:`ONEDNN_MIN_NUMEL` elements where oneDNN decodes them, and for smaller ones (input-major)
+only a stacked q/k/v and wide projections (``out > in``) when at most :data:`MAX_ROWS` rows are
+decoded.
 
-:func:`decode_layout` applies this from outside, for the duration of one decoding call, to a
-built model: every decoder self-attention gets its ``project_qkv`` replaced by one product on a
-stacked q/k/v copy, and every other projection of the decoder layers that runs per token
-(self-attention output, cross-attention query and output, the FFN's linears) and the LM head a
-``forward`` that uses its own copy — where a copy pays: for weights of at least
-:data:`ONEDNN_MIN_NUMEL` elements where oneDNN decodes them (reordered; not on Intel CPUs, where
-the parameters themselves go to MKL), and for smaller ones (input-major) only the
-stacked q/k/v and the wide projections (``out > in``) when at most :data:`MAX_ROWS` rows are
-decoded. Afterwards the modules are as they were. Cross-attention keys/values are projected once
-per call from the encoder memory and keep the parameters. The parameters themselves are never
-touched (training, optimizer state and checkpoints see plain contiguous tensors), and a copy is
-used only while autograd is off and its sources are unchanged (:meth:`DecodeWeight.is_current`:
-same tensors, same storage, same in-place version), never with stale numbers.
-
-Making the copies costs one pass over the weights (~0.3 s for GPT-2 small), so they are kept with
-the model between calls and made again only for weights that changed since (a model being
-trained gets fresh ones at each sampling call); :func:`release_copies` frees them. The price is
-memory: about 1.0x the decoder's weights (~0.5 GB for GPT-2 small; with MKL for the large
-weights, only the small ones' copies) from the first decoding call until the model goes or
-:func:`release_copies`; the memory check of ``attnlab generate`` counts them (:func:`copy_numel`,
-as if every copy were made). Models off the CPU, in another dtype than fp32, or without oneDNN
-decode with their own modules; so do quantized projections
-(:mod:`attnlab.transforms.quant_modules`), except a self-attention's q/k/v run by attnlab's int8
-or int4 kernel: those are joined into one quantized layer (:class:`QuantizedStack`, a copy of
-their codes: a quarter of a GPT decoder layer's quantized bytes, not counted by
-:func:`copy_numel`), so that each token makes one kernel call for them instead of three, and
-their attention backend (``sdpa``) runs attnlab's decode-attention kernel
-(:func:`attnlab.transforms.woq_kernels.decode_attention`) for every step with one query per
-sequence, no mask and autograd off (a prompt, a padded batch's masked steps, anything else:
-``sdpa`` as before); the backend is restored afterwards. Where a whole decoder layer is of that
-kind (int8/int4 projections on attnlab's kernels, LayerNorm or RMSNorm, a plain or gated FFN,
-learned or rotary positions, no cross-attention), its ``forward`` is replaced too, for the
-call: each one-token step runs as one C++ call (:mod:`attnlab.transforms.decode_layer`, bit for
-bit the modules' result), any other step through the modules.
+:class:`DecodeWeight` is such a copy of one or more linears (a self-attention's q, k and v
+stacked into one product); :class:`QuantizedStack` joins a self-attention's int8/int4 q/k/v
+layers into one (a copy of their codes). Both record the identity, storage and in-place
+version of what they copied (:meth:`DecodeWeight.is_current`), so a copy whose source changed is
+never used with stale numbers. The fused decode engine (:mod:`attnlab.transforms.decode_engine`)
+makes them for one generation call (or a session the caller holds) and frees them when it ends;
+the parameters themselves are never touched. :func:`copy_numel` is what the engine may copy (the
+memory check of ``attnlab generate`` counts it).
 
 Shapes: (..., in) -> (..., out).
 """
@@ -62,30 +40,22 @@ import dataclasses
 import functools
 import os
 import re
-import weakref
-from collections.abc import Callable, Iterator, Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import attnlab.transforms.woq_kernels as wk
-from attnlab.layers.attention_backends import sdpa_attention
 from attnlab.layers.blocks import DecoderLayer
+from attnlab.layers.feedforward import FeedForward
 from attnlab.layers.multihead import MultiHeadAttention
 from attnlab.models import build_model
-from attnlab.models.gpt import GPT
-from attnlab.transforms.decode_layer import (
-    RotaryMemo,
-    fused_forward,
-    fused_stack,
-    layer_plan,
-    watch_registrations,
-)
-from attnlab.transforms.quant_modules import QuantizedLinear, stack_quantized, stackable
+from attnlab.models.family import decoder_stack
+from attnlab.transforms.quant_modules import QuantizedLinear, stack_quantized
 
 
 def _tensor_stamps(tensors: Sequence[Tensor]) -> tuple[tuple[int, int, int], ...]:
@@ -187,13 +157,6 @@ class DecodeWeight:
 
 MAX_ROWS = 2  # small (input-major) copies pay only for this many rows or fewer
 
-# model -> {self-attention or linear -> its copy}; an entry goes with its model.
-_COPIES: weakref.WeakKeyDictionary[nn.Module, dict[nn.Module, Any]] = weakref.WeakKeyDictionary()
-
-
-def _is_linear(m: object) -> bool:
-    return isinstance(m, nn.Linear)
-
 
 @dataclass(frozen=True)
 class QuantizedStack:
@@ -227,45 +190,37 @@ def _quantized_stamps(layers: Sequence[QuantizedLinear]) -> tuple[tuple[int, int
     return _tensor_stamps([t for layer in layers for t in layer.stored_tensors()])
 
 
-def _quantized_qkv(model: nn.Module) -> list[MultiHeadAttention]:
-    """The decoder self-attentions whose q/k/v are quantized layers that can be joined."""
-    out = []
-    for module in model.modules():
-        if isinstance(module, DecoderLayer):
-            mha = module.self_attn
-            layers: list[nn.Module] = [mha.q_proj, mha.k_proj, mha.v_proj]
-            quantized = [p for p in layers if isinstance(p, QuantizedLinear)]
-            if len(quantized) == 3 and stackable(quantized):
-                out.append(mha)
-    return out
-
-
-def _decoder_parts(model: nn.Module) -> tuple[list[MultiHeadAttention], list[nn.Linear]]:
-    """The self-attentions (stacked q/k/v) and other linears that run once per decoded token
-    (only plain ``nn.Linear`` projections: anything else, e.g. a quantized one, keeps running
-    as it is)."""
+def decoder_linears(model: nn.Module) -> tuple[list[MultiHeadAttention], list[nn.Linear]]:
+    """The self-attentions (q/k/v stacked) and other plain linears that the fused engine may
+    copy: those of the decoder layers its family's :class:`~attnlab.models.family.DecoderStack`
+    names (self-attention output, a plain FFN's projections) and the LM head. Anything else
+    (quantized projections, a mixture of experts) keeps running as it is."""
+    stack = decoder_stack(model)
+    if stack is None:
+        return [], []
     attentions: list[MultiHeadAttention] = []
     candidates: list[object] = []
-    for module in model.modules():
-        if isinstance(module, DecoderLayer):
-            mha = module.self_attn
-            if all(_is_linear(p) for p in (mha.q_proj, mha.k_proj, mha.v_proj)):
-                attentions.append(mha)
-            candidates.append(mha.out_proj)
-            if module.cross_attn is not None:
-                candidates += [module.cross_attn.q_proj, module.cross_attn.out_proj]
-            candidates += list(module.ffn.modules())
-    candidates.append(getattr(model, "lm_head", None))
+    for layer in stack.layers:
+        if not isinstance(layer, DecoderLayer) or layer.cross_attn is not None:
+            continue
+        mha = layer.self_attn
+        if all(isinstance(p, nn.Linear) for p in (mha.q_proj, mha.k_proj, mha.v_proj)):
+            attentions.append(mha)
+        candidates.append(mha.out_proj)
+        if isinstance(layer.ffn, FeedForward):
+            ffn = layer.ffn
+            candidates += [ffn.up_proj, ffn.gate_proj, ffn.down_proj]
+    candidates.append(stack.head)
     return attentions, [m for m in candidates if isinstance(m, nn.Linear)]
 
 
 def copy_numel(model: nn.Module | Any) -> int:
-    """Number of weight and bias elements :func:`decode_layout` may copy for ``model`` (at most;
-    any device, ``meta`` included), or for the model a config builds (built on ``meta``: free,
+    """Number of weight and bias elements the fused engine may copy for ``model`` (at most; any
+    device, ``meta`` included), or for the model a config builds (built on ``meta``: free,
     for estimates before building)."""
     if not isinstance(model, nn.Module):
         return _config_copy_numel(model)
-    attentions, linears = _decoder_parts(model)
+    attentions, linears = decoder_linears(model)
     layers = [lin for mha in attentions for lin in (mha.q_proj, mha.k_proj, mha.v_proj)]
     tensors = [t for lin in [*layers, *linears] for t in (lin.weight, lin.bias) if t is not None]
     return sum(t.numel() for t in tensors)
@@ -327,219 +282,56 @@ def large_weight_library() -> str:
     return choice
 
 
-def _pays(linears: Sequence[nn.Linear], rows: int, stacked: bool) -> bool:
-    """Whether a copy of ``linears`` speeds up decoding ``rows`` rows (see the module doc)."""
+def copy_pays(linears: Sequence[nn.Linear], rows: int, stacked: bool = False) -> bool:
+    """Whether a copy of ``linears`` (``stacked``: a self-attention's q/k/v) speeds up decoding
+    ``rows`` rows (see the module doc)."""
     if sum(lin.weight.numel() for lin in linears) >= ONEDNN_MIN_NUMEL:
         return large_weight_library() == "onednn"
     wide = stacked or all(lin.out_features > lin.in_features for lin in linears)
     return rows <= MAX_ROWS and wide
 
 
-_Copy = TypeVar("_Copy", DecodeWeight, QuantizedStack)
+# -- deprecated: the copies used to be kept with the model and patched into it -----------------
 
 
-def _cached(
-    copies: dict[nn.Module, Any],
-    owner: nn.Module,
-    kind: type[_Copy],
-    sources: Sequence[nn.Module],
-    make: Callable[[], _Copy],
-) -> _Copy:
-    """``owner``'s cached copy of ``sources`` (a ``kind``), made again by ``make`` if they
-    changed since."""
-    old = copies.pop(owner, None)
-    if isinstance(old, kind) and old.sources == tuple(sources) and old.is_current():
-        copies[owner] = old
-        return old
-    del old  # free the stale copy before making the new one
-    fresh = make()
-    copies[owner] = fresh
-    return fresh
-
-
-def _current_copy(
-    copies: dict[nn.Module, Any],
-    owner: nn.Module,
-    linears: Sequence[nn.Linear],
-    rows: int,
-) -> DecodeWeight:
-    """``owner``'s cached copy of ``linears``, made again if they changed since."""
-    return _cached(copies, owner, DecodeWeight, linears, lambda: DecodeWeight.stack(linears, rows))
-
-
-def _current_stack(copies: dict[nn.Module, Any], mha: MultiHeadAttention) -> QuantizedStack:
-    """``mha``'s cached joined quantized q/k/v, made again if a source changed since."""
-    layers = cast(
-        "tuple[QuantizedLinear, QuantizedLinear, QuantizedLinear]",
-        (mha.q_proj, mha.k_proj, mha.v_proj),
+def _deprecated(name: str) -> None:
+    warnings.warn(
+        f"attnlab.transforms.decode_weights.{name} is deprecated and does nothing: decoding "
+        "copies belong to the fused decode engine for one call or session "
+        "(GenerationConfig(engine=...), attnlab.generation.engines)",
+        DeprecationWarning,
+        stacklevel=3,
     )
-    return _cached(copies, mha, QuantizedStack, layers, lambda: QuantizedStack.stack(layers))
 
 
 @contextmanager
 def decode_layout(model: nn.Module, rows: int) -> Iterator[None]:
-    """Give ``model``'s per-token projections reordered copies for one decoding call.
-
-    The copies are kept with the model for the next call (made again only for weights that
-    changed); :func:`release_copies` frees them.
-
-    Args:
-        model: the model about to decode (its modules get copies; parameters are unchanged).
-        rows: how many rows are decoded together: decides which copies pay, and is a layout
-            hint for new reordered copies (which serve any number of rows). A model whose
-            weights are not fp32 on the CPU, or a torch without oneDNN, is left as it is.
-    """
-    attentions, linears = _decoder_parts(model)
-    weights = [lin.weight for lin in linears] + [m.q_proj.weight for m in attentions]
-    if not all(reordering_available(w) for w in weights):
-        attentions, linears = [], []
-    attentions = [m for m in attentions if _pays([m.q_proj, m.k_proj, m.v_proj], rows, True)]
-    linears = [lin for lin in linears if _pays([lin], rows, False)]
-    quantized = _quantized_qkv(model)
-    copies = _COPIES.setdefault(model, {}) if linears or attentions or quantized else {}
-    patched: list[tuple[nn.Module, str]] = []
-    backends: list[tuple[MultiHeadAttention, Any]] = []
-    try:
-        for mha in attentions:
-            qkv = [mha.q_proj, mha.k_proj, mha.v_proj]
-            _patch(mha, "project_qkv", _stacked_qkv(mha, _current_copy(copies, mha, qkv, rows)))
-            patched.append((mha, "project_qkv"))
-        stacks = {mha: _current_stack(copies, mha) for mha in quantized}
-        for mha, stack in stacks.items():
-            _patch(mha, "project_qkv", _stacked_qkv(mha, stack))
-            patched.append((mha, "project_qkv"))
-        for lin in linears:
-            _patch(lin, "forward", _copy_forward(lin, _current_copy(copies, lin, [lin], rows)))
-            patched.append((lin, "forward"))
-        kernel_attention = [m for m in quantized if m.backend is sdpa_attention]
-        if kernel_attention and wk.available():
-            for mha in kernel_attention:
-                backends.append((mha, mha.backend))
-                mha.backend = _decode_attention(mha.backend)
-            memo = RotaryMemo()  # a RoPE model's cos and sin, made once a step
-            fused = 0
-            for layer in _layers_of(model, kernel_attention):
-                plan = layer_plan(layer, stacks[layer.self_attn])
-                if plan is not None:  # one call per layer and token (decode_layer.py)
-                    _patch(layer, "forward", fused_forward(layer, plan, memo))
-                    patched.append((layer, "forward"))
-                    fused += 1
-            if fused and isinstance(model, GPT):
-                # a GPT's layers back to back when all of them take their fused step
-                # (and, where the embedding and final norm allow, the whole step in one call)
-                whole = fused_stack(model, memo)
-                _patch(model, "run_layers", whole.run_layers)
-                _patch(model, "hidden_states", whole.hidden_states)
-                patched += [(model, "run_layers"), (model, "hidden_states")]
-        with watch_registrations():
-            yield
-    finally:
-        for module, name in patched:
-            module.__dict__.pop(name, None)  # back to the class's own method
-        for mha, backend in backends:
-            mha.backend = backend
-
-
-def _layers_of(model: nn.Module, attentions: Sequence[MultiHeadAttention]) -> list[DecoderLayer]:
-    """The decoder layers of ``model`` whose self-attention is one of ``attentions``."""
-    wanted = {id(m) for m in attentions}
-    return [m for m in model.modules() if isinstance(m, DecoderLayer) and id(m.self_attn) in wanted]
-
-
-def _decode_attention(backend: Callable[..., Tensor]) -> Callable[..., Tensor]:
-    """``backend`` (``sdpa``), but a single query per sequence with no mask, no dropout and
-    autograd off runs :func:`attnlab.transforms.woq_kernels.decode_attention` (the one query sees
-    every cached key, so ``is_causal`` changes nothing there): q ``(B, H, 1, D)``, k/v ``(B, H_kv,
-    S, D)`` -> ``(B, H, 1, D)``."""
-
-    def attention(
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        mask: Tensor | None = None,
-        is_causal: bool = False,
-        dropout_p: float = 0.0,
-        **options: Any,
-    ) -> Tensor:
-        if (
-            mask is None
-            and not options
-            and dropout_p == 0.0
-            and q.dim() == 4
-            and q.shape[2] == 1
-            and not torch.is_grad_enabled()
-            and q.dtype == k.dtype == v.dtype == torch.float32
-            and q.device.type == k.device.type == v.device.type == "cpu"
-            and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
-        ):
-            return wk.decode_attention(q, k, v)
-        return backend(q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p, **options)
-
-    attention.decode_kernel = True  # type: ignore[attr-defined]  # for tests and inspection
-    return attention
-
-
-def _patch(module: nn.Module, name: str, method: Callable[..., object]) -> None:
-    """Shadow ``module``'s method ``name`` by an instance attribute (removed afterwards)."""
-    if name in module.__dict__:
-        raise RuntimeError(f"{type(module).__name__}.{name} is already replaced (nested layout?)")
-    module.__dict__[name] = method
-
-
-def _copy_forward(lin: nn.Linear, copy: DecodeWeight) -> Callable[[Tensor], Tensor]:
-    """``lin.forward`` on ``copy`` while it is current and autograd is off."""
-
-    def forward(x: Tensor) -> Tensor:
-        if not torch.is_grad_enabled() and copy.is_current():
-            return copy(x)
-        return F.linear(x, lin.weight, lin.bias)
-
-    forward.copy = copy  # type: ignore[attr-defined]  # for active_copy
-    return forward
-
-
-def _stacked_qkv(
-    mha: MultiHeadAttention, copy: DecodeWeight | QuantizedStack
-) -> Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]:
-    """``mha.project_qkv`` as one product on the stacked q/k/v ``copy`` (while current)."""
-    kv = mha.n_kv_heads * mha.d_head
-    q_proj, k_proj, v_proj = mha.q_proj, mha.k_proj, mha.v_proj
-
-    def project_qkv(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        if not torch.is_grad_enabled() and copy.is_current():
-            q, k, v = copy(x).split((mha.n_heads * mha.d_head, kv, kv), dim=-1)
-            return q, k, v
-        return q_proj(x), k_proj(x), v_proj(x)
-
-    project_qkv.copy = copy  # type: ignore[attr-defined]  # for active_copy
-    return project_qkv
-
-
-def active_copy(module: nn.Module) -> DecodeWeight | QuantizedStack | None:
-    """The copy ``module`` (a linear, or a self-attention's stacked q/k/v: a
-    :class:`QuantizedStack` for quantized ones) decodes with inside :func:`decode_layout`, or
-    ``None`` (outside it, or when no copy pays)."""
-    method = module.__dict__.get(
-        "project_qkv" if isinstance(module, MultiHeadAttention) else "forward"
-    )
-    copy = getattr(method, "copy", None)
-    return copy if isinstance(copy, (DecodeWeight, QuantizedStack)) else None
+    """Deprecated, does nothing: the fused decode engine makes and owns the copies."""
+    _deprecated("decode_layout")
+    yield
 
 
 def release_copies(model: nn.Module) -> None:
-    """Free the decoding copies kept for ``model`` (they are made again when needed)."""
-    _COPIES.pop(model, None)
+    """Deprecated, does nothing: no copies are kept with a model any more."""
+    _deprecated("release_copies")
+
+
+def active_copy(module: nn.Module) -> None:
+    """Deprecated: always ``None`` (nothing is patched into a model any more)."""
+    _deprecated("active_copy")
 
 
 __all__ = [
+    "LIBRARY_VARIABLE",
     "MAX_ROWS",
     "ONEDNN_MIN_NUMEL",
     "DecodeWeight",
     "QuantizedStack",
     "active_copy",
     "copy_numel",
+    "copy_pays",
     "decode_layout",
+    "decoder_linears",
     "large_weight_library",
     "release_copies",
     "reordering_available",

@@ -36,7 +36,7 @@ see ``tests/transforms/test_quantize.py``):
 Both kernels have a vectorised path for bfloat16 activations only: with float32 ``A`` they run a
 scalar loop, 5-20x slower than ``F.linear`` in float32 (measured on the 2-core AVX512 machine of
 this project; ``benchmarks/quantized_decoding.py`` prints the kernel table). Hence attnlab's own
-float32 kernels (:mod:`attnlab.transforms.woq_kernels`), the default where they build, and the
+float32 kernels (:mod:`attnlab.kernels`), the default where they build, and the
 ``activation_dtype`` choice of :func:`attnlab.transforms.quantize`: ``bfloat16`` rows into these
 kernels (rounded to bfloat16, accumulated in float32, returned rounded to bfloat16, then cast
 back) or ``float32``.

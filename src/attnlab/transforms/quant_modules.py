@@ -2,7 +2,7 @@
 
 :class:`Int8Linear` and :class:`Int4Linear` hold a linear layer's weight in one of the formats of
 :mod:`attnlab.transforms.quant_formats` and compute ``y = x W^T + b`` with a CPU kernel
-(``kernel``): attnlab's own for float32 activations (:mod:`attnlab.transforms.woq_kernels`),
+(``kernel``): attnlab's own for float32 activations (:mod:`attnlab.kernels`),
 PyTorch's packed ones for bfloat16 activations (or float32 where attnlab's cannot be built); or
 with the readable reference path, ``F.linear(x, dequantize(), b)`` in float32, when the kernel is
 missing, does not take the shape, the input is off the CPU, or a gradient with respect to the
@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+import attnlab.kernels as wk
 import attnlab.transforms.quant_formats as qf
-import attnlab.transforms.woq_kernels as wk
 
 ActivationDtype = Literal["bfloat16", "float32"]
 ACTIVATION_DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -38,7 +38,7 @@ REFERENCE = "reference (dequantize + F.linear)"
 
 def default_activation_dtype() -> ActivationDtype:
     """``"float32"`` where attnlab's own kernels are available (exact and, at decoding sizes,
-    faster than PyTorch's bfloat16 path; :mod:`attnlab.transforms.woq_kernels`), else
+    faster than PyTorch's bfloat16 path; :mod:`attnlab.kernels`), else
     ``"bfloat16"`` (PyTorch's kernels vectorise only bfloat16 rows)."""
     return "float32" if wk.available() else "bfloat16"
 
@@ -202,7 +202,7 @@ def _check_linear(linear: nn.Module) -> nn.Linear:
 class Int8Linear(QuantizedLinear):
     """int8 weight, symmetric per output channel.
 
-    Kernels: float32 activations use attnlab's own (:mod:`attnlab.transforms.woq_kernels`,
+    Kernels: float32 activations use attnlab's own (:mod:`attnlab.kernels`,
     exact float32 rows) where it is available, else ``aten._weight_int8pack_mm``'s scalar float32
     path; bfloat16 activations use ``aten._weight_int8pack_mm`` (``in_features`` a multiple of
     16; otherwise the reference path).
@@ -296,7 +296,7 @@ class Int8Linear(QuantizedLinear):
 class Int4Linear(QuantizedLinear):
     """int4 weight, asymmetric per group of ``group_size`` inputs.
 
-    Kernels: float32 activations use attnlab's own (:mod:`attnlab.transforms.woq_kernels`; group
+    Kernels: float32 activations use attnlab's own (:mod:`attnlab.kernels`; group
     sizes that are multiples of 16; it reads the stored nibbles, no second copy) where it is
     available; otherwise, and for bfloat16 activations, ``aten._weight_int4pack_mm_for_cpu`` for
     group sizes 32, 64, 128 and 256 (a private packed copy of the codes); others: the reference.
@@ -458,7 +458,7 @@ def stack_quantized(layers: list[QuantizedLinear]) -> QuantizedLinear:
     The codes, scales (and int4 zeros) and biases are concatenated along the outputs (a copy of
     ``layers``' bytes); every output row is computed exactly as by its own layer (the kernels work
     row by row), so splitting the result gives each layer's output bit for bit. Used to project a
-    decoder's q/k/v in one call (:func:`attnlab.transforms.decode_layout`).
+    decoder's q/k/v in one call (the fused decode engine, :mod:`attnlab.transforms.decode_engine`).
 
     Raises:
         ValueError: if :func:`stackable` is false for ``layers``.

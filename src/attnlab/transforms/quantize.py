@@ -20,7 +20,7 @@ token embedding (GPT, the paper's §3.4 sharing) is handled as follows:
   rebuilds the same structure.
 
 Deviations from gpt-fast: float32 models and float32 activations (gpt-fast runs bfloat16 models),
-through attnlab's own CPU kernels where they build (:mod:`attnlab.transforms.woq_kernels`), else
+through attnlab's own CPU kernels where they build (:mod:`attnlab.kernels`), else
 bfloat16 rows into PyTorch's (``activation_dtype``; :mod:`attnlab.transforms.quant_formats`).
 """
 
@@ -35,7 +35,6 @@ from torch import Tensor, nn
 
 import attnlab.transforms.quant_formats as qf
 from attnlab.layers.embedding import TokenEmbedding
-from attnlab.transforms.decode_weights import release_copies
 from attnlab.transforms.quant_embedding import QuantizedEmbedding
 from attnlab.transforms.quant_modules import (
     ActivationDtype,
@@ -255,7 +254,6 @@ def apply_quantization(model: nn.Module, config: QuantizationConfig, *, empty: b
         for head, emb, head_name, emb_name in plan.ties
         if (head in plan.linears) != (emb in plan.embeddings)
     ]
-    release_copies(model)  # decode copies of the float layers replaced below
     for key, (_, lin) in plan.linears.items():
         _replace_all(model, lin, made[key])
     for key, (_, emb) in plan.embeddings.items():
@@ -288,9 +286,9 @@ def quantize(
 ) -> nn.Module:
     """Quantize ``model``'s linear layers in place (weight-only) and return it.
 
-    Quantizing takes one pass over the weights (a few seconds for GPT-2 small). The float32
-    decode copies a model kept from earlier decoding (:mod:`attnlab.transforms.decode_weights`)
-    are released: they copy layers that are gone.
+    Quantizing takes one pass over the weights (a few seconds for GPT-2 small). A fused decode
+    engine open on the model (a held :class:`~attnlab.generation.engines.DecodeSession`) sees
+    its layers replaced and runs the model's own modules from then on.
 
     Args:
         model: a float32 model (any ``nn.Module`` holding ``nn.Linear`` layers).
@@ -301,7 +299,7 @@ def quantize(
             weight with a token embedding); see the module doc for tied heads.
         include_embedding: also quantize token embeddings (row look-ups into a quantized table).
         activation_dtype: the rows entering the quantized layers: ``"float32"`` (exact; attnlab's
-            own kernels, :mod:`~attnlab.transforms.woq_kernels`) or ``"bfloat16"`` (PyTorch's
+            own kernels, :mod:`~attnlab.kernels`) or ``"bfloat16"`` (PyTorch's
             kernels' vectorised path: rows rounded to bfloat16 on the way in). ``None``
             (default): float32 where attnlab's kernels could be built here, else bfloat16.
 

@@ -18,14 +18,12 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
 
-from attnlab.models.bert import BERT
-from attnlab.models.gpt import GPT
-from attnlab.models.transformer import EncoderDecoderTransformer
+from attnlab.models.family import Kind, find_family
 from attnlab.viz.capture import collect_attention
 
 if TYPE_CHECKING:
@@ -194,14 +192,19 @@ def attention_for_text(
     """
     device = next(model.parameters()).device
     name = type(model).__name__
-    if isinstance(model, EncoderDecoderTransformer):
+    family = find_family(model)
+    kind = family.kind if family is not None else None
+    if kind is Kind.SEQ2SEQ:
         return _seq2seq(model, text, tokenizer, ids, target, target_ids, max_new_tokens)
-    if not isinstance(model, BERT | GPT):
-        raise ValueError(f"attention_for_text supports BERT, GPT and encoder-decoder, got {name}")
+    if kind not in (Kind.ENCODER, Kind.CAUSAL_LM):
+        raise ValueError(
+            f"attention_for_text supports encoders (BERT), causal LMs (GPT) and encoder-decoder "
+            f"models, got {name}"
+        )
     seq, labels, type_ids = _encode(tokenizer, text, ids, special=True)
-    _check_ids(seq, model.config.vocab_size)
+    _check_ids(seq, cast(Any, model).config.vocab_size)
     x = torch.tensor([seq], device=device)  # (1, T)
-    if isinstance(model, BERT):
+    if kind is Kind.ENCODER:  # segments and a mask (the encoder protocol)
         types = torch.tensor([type_ids], device=device)  # (1, T)
         stacks = collect_attention(model, x, token_type_ids=types, mask=torch.ones_like(x))
     else:
@@ -210,7 +213,7 @@ def attention_for_text(
 
 
 def _seq2seq(
-    model: EncoderDecoderTransformer,
+    model: nn.Module,
     text: str | None,
     tokenizer: Tokenizer | None,
     ids: Sequence[int] | None,
@@ -220,7 +223,7 @@ def _seq2seq(
 ) -> AttentionMaps:
     from attnlab.generation.generate import generate
 
-    c = model.config
+    c: Any = model.config
     device = next(model.parameters()).device
     src_ids, src_labels, _ = _encode(tokenizer, text, ids, special=True)
     _check_ids(src_ids, c.vocab_size)

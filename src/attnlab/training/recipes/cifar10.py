@@ -1,11 +1,11 @@
 """The CIFAR-10 recipe (exercise 7): a ResNet, a ViT and a CCT on 32x32 colour images.
 
 ``attnlab train cifar10 --model resnet20|vit-cifar|cct-cifar``: the data are the shared arrays
-(:mod:`attnlab.training.cifar10`; a JPEG re-encoding of CIFAR-10, labelled so next to every
+(:mod:`attnlab.data.cifar10`; a JPEG re-encoding of CIFAR-10, labelled so next to every
 accuracy), 5,000 training images (500 per class) held out as the validation split that training
 evaluates and hyper-parameters are chosen on, the official 10,000 test images scored by
 ``attnlab evaluate``. Training batches are random crops (reflect padding 4) and flips, optionally
-RandAugment and mixup/CutMix (:mod:`attnlab.training.augment`); every epoch visits each training
+RandAugment and mixup/CutMix (:mod:`attnlab.data.augment`); every epoch visits each training
 image once, and the sampler position and augmentation generator are checkpointed, so a resumed
 run continues bitwise.
 
@@ -37,13 +37,13 @@ import torch
 from torch import nn
 
 from attnlab.config import Config, check_positive
+from attnlab.data.augment import AugmentConfig
+from attnlab.data.cifar10 import CLASSES, Cifar10
+from attnlab.data.common import Split
 from attnlab.models import config_for
-from attnlab.models.resnet import ResNetConfig
+from attnlab.models.common import StackConfig
 from attnlab.tokenizers import Tokenizer
-from attnlab.training.augment import AugmentConfig
-from attnlab.training.cifar10 import CLASSES, Cifar10
 from attnlab.training.config import PrecisionName, TrainConfig
-from attnlab.training.data import Split
 from attnlab.training.image_objective import (
     AugmentedClassificationObjective,
     confusion_matrix,
@@ -134,8 +134,10 @@ class Cifar10Options(Config):
 
 
 def is_resnet(model_config: Any) -> bool:
-    """Whether the config is one of the CNN baselines (they keep SGD's defaults)."""
-    return isinstance(model_config, ResNetConfig)
+    """Whether the config is one of the CNN baselines (they keep SGD's defaults): a model
+    without a Transformer stack (its config is no :class:`~attnlab.models.common.StackConfig`,
+    the fields every attention stack has)."""
+    return not isinstance(model_config, StackConfig)
 
 
 def _data(options: Cifar10Options, tokenizer: Tokenizer | None, train: TrainConfig) -> Data:

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from attnlab.config import Config
+from attnlab.data.images import ArrayImageDataset, load_digits
 from attnlab.models.cnn import CNNConfig
 from attnlab.models.vit import ViTConfig
 from attnlab.tokenizers import Tokenizer
 from attnlab.training.config import TrainConfig
-from attnlab.training.data import ArrayImageDataset, load_digits
 from attnlab.training.objectives import ClassificationObjective, Objective
 from attnlab.training.recipes.base import RECIPES, Data, Recipe
 
@@ -46,13 +46,18 @@ def _digits_data(options: DigitsOptions, tokenizer: Tokenizer | None, train: Tra
     return Data(data, None, {"dataset": "scikit-learn digits", "images": len(images)})
 
 
-def _digits_config(options: Any, data: Data | None) -> Any:
-    if options.model == "cnn":
-        return CNNConfig(in_channels=1, n_classes=10, channels=32, dropout=0.1)
-    return ViTConfig(
+# the digits recipe's two models (its ``model`` option): the ViT and the CNN baseline
+DIGITS_MODELS: dict[str, Any] = {
+    "vit": ViTConfig(
         image_size=8, patch_size=2, in_channels=1, n_classes=10, d_model=64, n_heads=4,
         n_layers=4, d_ff=128, dropout=0.1, norm_eps=1e-6, pool="mean",
-    )  # fmt: skip
+    ),
+    "cnn": CNNConfig(in_channels=1, n_classes=10, channels=32, dropout=0.1),
+}  # fmt: skip
+
+
+def _digits_config(options: Any, data: Data | None) -> Any:
+    return DIGITS_MODELS[options.model]
 
 
 def _digits_objective(options: Any, config: Any, data: Data, train: TrainConfig) -> Objective:

@@ -29,12 +29,13 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
 
 from attnlab.config import Config, check_positive
 from attnlab.io import find_data_file
+from attnlab.models.family import Kind, find_family
 from attnlab.models.transformer import EncoderDecoderTransformer, TransformerConfig
 from attnlab.pretrained import WEIGHTS_NAME, from_pretrained
 from attnlab.tokenizers import LibraryTokenizer, Tokenizer
@@ -189,10 +190,16 @@ class TranslationMetrics(Callback):
         self, trainer: Trainer, model: nn.Module, base: dict[str, float]
     ) -> dict[str, float]:
         out = {"ppl": math.exp(min(base["val_loss"], 50.0))}
-        if self.pairs and isinstance(model, EncoderDecoderTransformer):
-            hyps = translate(model, self.tokenizer, [s for s, _ in self.pairs], beam=1)
+        if self.pairs and _is_seq2seq(model):
+            hyps = translate(cast(Any, model), self.tokenizer, [s for s, _ in self.pairs], beam=1)
             out["bleu"] = score_bleu(hyps, [t for _, t in self.pairs]).bleu
         return out
+
+
+def _is_seq2seq(model: nn.Module) -> bool:
+    """Whether ``model`` is an encoder-decoder (its family's kind: what translates)."""
+    family = find_family(model)
+    return family is not None and family.kind is Kind.SEQ2SEQ
 
 
 def _callbacks(options: Any, config: Any, data: Data) -> list[Callback]:
@@ -291,8 +298,8 @@ def load_translator(path: str | os.PathLike[str], checkpoint: str | None = None)
         ValueError: if the model is not an encoder-decoder or the tokenizer does not fit it.
     """
     directory = resolve_model_dir(path, checkpoint)
-    model = from_pretrained(directory)  # NaN/inf refused; a quantized model directory included
-    if not isinstance(model, EncoderDecoderTransformer):
+    model: Any = from_pretrained(directory)  # NaN/inf refused; a quantized model directory too
+    if not _is_seq2seq(model):
         raise ValueError(f"{directory} holds a {type(model).__name__}, not a translation model")
     tokenizer = TranslationTokenizer.load(directory)
     if tokenizer.vocab_size != model.config.vocab_size:
