@@ -13,7 +13,8 @@ down, vocabulary head) for 1 and 8 input rows with each candidate:
 - ``mkl_packed``: MKL's packed-GEMM format (``torch.ops.mkl._mkl_reorder_linear_weight`` /
   ``_mkl_linear``), packed once for that number of rows;
 - ``onednn``: oneDNN's reordered weight (``torch.ops.mkldnn._reorder_linear_weight`` /
-  ``_linear_pointwise``; what the fused decode engine, :mod:`attnlab.transforms.decode_engine`, uses since).
+  ``_linear_pointwise``; what the fused decode engine,
+  :mod:`attnlab.transforms.decode_engine`, uses since).
 
 Each shape gets as many distinct weights as fill 96 MB (three times this machine's 32 MiB L3),
 called in turn as a decoder's layers are, so no weight is served from cache; the candidates

@@ -57,11 +57,11 @@ from attnlab.analysis.attention_bench import describe_machine, machine_info
 from attnlab.analysis.attention_bench_report import crossover, fit_exponent
 from attnlab.analysis.recurrent import state_crossover
 from attnlab.generation import GenerationConfig
+from attnlab.generation.engines import resolve_engine, runner_for
 from attnlab.generation.recurrent import is_recurrent
 from attnlab.generation.request import eval_mode, open_session, prepare_request
 from attnlab.training import Trainer
 from attnlab.training.recipes import prepare, train_recipe
-from attnlab.generation.engines import resolve_engine, runner_for
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FAMILIES = {"gpt": "classic", "gpt-modern": "modern", "mamba": "mamba", "lstm": "lstm",

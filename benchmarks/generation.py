@@ -51,6 +51,7 @@ MODELS: dict[str, dict[str, Any]] = {
     "gpt-char-baby": dict(n_embd=128, n_layer=4, n_head=4, vocab_size=256),
 }
 CACHED, UNCACHED, HF = "attnlab (cache)", "attnlab (no cache)", "transformers"
+HELD = "attnlab (cache, held session)"  # --held-session: the engine's copies made once
 
 
 def build_pair(name: str, directory: Path) -> tuple[Any, Any]:
@@ -103,8 +104,18 @@ Run = Callable[[torch.Tensor, int], torch.Tensor]  # (prompt ids (B, P), new tok
 StepTimes = Callable[[torch.Tensor, int], list[float]]  # -> seconds per decode step
 
 
-def implementations(hf: Any, ours: Any) -> dict[str, tuple[Run, StepTimes]]:
-    """Each implementation as (a generate call, a per-step timer)."""
+def implementations(hf: Any, ours: Any, held: bool = False) -> dict[str, tuple[Run, StepTimes]]:
+    """Each implementation as (a generate call, a per-step timer); ``held``: also attnlab
+    through a :class:`~attnlab.generation.engines.DecodeSession` per batch size, kept across
+    calls (the fused engine then makes its weight copies once, not at every call)."""
+    sessions: dict[int, Any] = {}
+
+    def session_for(ids: torch.Tensor) -> Any:
+        from attnlab.generation.engines import DecodeSession
+
+        if ids.shape[0] not in sessions:
+            sessions[ids.shape[0]] = DecodeSession(ours, rows=ids.shape[0])
+        return sessions[ids.shape[0]]
 
     def hf_run(ids: torch.Tensor, n: int, streamer: Any = None) -> torch.Tensor:
         with torch.inference_mode():
@@ -123,9 +134,11 @@ def implementations(hf: Any, ours: Any) -> dict[str, tuple[Run, StepTimes]]:
         # stamps: the prompt, then one per new token; the first token comes from the prefill.
         return [b - a for a, b in itertools.pairwise(clock.stamps[1:])]
 
-    def ours_steps(use_cache: bool) -> StepTimes:
+    def ours_steps(use_cache: bool, keep: bool = False) -> StepTimes:
         def steps(ids: torch.Tensor, n: int) -> list[float]:
-            it = stream(ours, ids, max_new_tokens=n, eos_id=(), use_cache=use_cache)
+            session = session_for(ids) if keep else None
+            it = stream(ours, ids, max_new_tokens=n, eos_id=(), use_cache=use_cache,
+                        decode_session=session)  # fmt: skip
             next(it)  # the prefill's token
             stamps = [time.perf_counter()]
             for _ in it:
@@ -134,16 +147,20 @@ def implementations(hf: Any, ours: Any) -> dict[str, tuple[Run, StepTimes]]:
 
         return steps
 
-    def ours_run(use_cache: bool) -> Run:
+    def ours_run(use_cache: bool, keep: bool = False) -> Run:
         return lambda ids, n: attnlab.generate(
-            ours, ids, max_new_tokens=n, eos_id=(), use_cache=use_cache
-        )
+            ours, ids, max_new_tokens=n, eos_id=(), use_cache=use_cache,
+            decode_session=session_for(ids) if keep else None,
+        )  # fmt: skip
 
-    return {
+    impls = {
         CACHED: (ours_run(True), ours_steps(True)),
         UNCACHED: (ours_run(False), ours_steps(False)),
         HF: (hf_run, hf_steps),
     }
+    if held:
+        impls[HELD] = (ours_run(True, keep=True), ours_steps(True, keep=True))
+    return impls
 
 
 def _rotations(labels: list[str], rounds: int) -> list[list[str]]:
@@ -257,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--quick", action="store_true", help="32 new tokens, 1 round")
+    parser.add_argument(
+        "--held-session",
+        action="store_true",
+        help=f"also {HELD!r}: attnlab through a DecodeSession kept across calls (JSON only)",
+    )
     parser.add_argument("--json", default=str(RESULTS / "generation.json"))
     parser.add_argument("--markdown", default=str(RESULTS / "generation.md"))
     args = parser.parse_args(argv)
@@ -286,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             hf, ours = build_pair(name, Path(tmp))
         results["weight_bytes"][name] = weight_bytes(ours)
         results["floor_ms"][name] = weight_bytes(ours) / (meta["copy_gb_s"] * 1e9) * 1e3
-        impls = implementations(hf, ours)
+        impls = implementations(hf, ours, held=args.held_session)
         vocab = MODELS[name]["vocab_size"]
         for batch in map(int, args.batch_sizes.split(",")):
             g = torch.Generator().manual_seed(0)

@@ -59,6 +59,7 @@ import attnlab
 from attnlab import kernels as woq_kernels
 from attnlab.analysis.attention_bench import describe_machine, machine_info
 from attnlab.generation import stream
+from attnlab.generation.engines import DecodeSession
 from attnlab.transforms import quantize, quantized_weight_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -181,10 +182,20 @@ def hf_bytes_per_token(model: nn.Module) -> int:
 # -- competitors -------------------------------------------------------------------------------
 
 
-def ours_run(model: nn.Module) -> Run:
+def ours_run(model: nn.Module, held: bool = False) -> Run:
+    """attnlab's ``stream`` (the default engine, ``auto``); ``held``: through a
+    :class:`~attnlab.generation.engines.DecodeSession` per batch size, made at the first
+    (warm-up) call and kept, so the fused engine's copies are made once, not at every call."""
+    sessions: dict[int, DecodeSession] = {}
+
     def run(ids: torch.Tensor, n: int) -> tuple[torch.Tensor, list[float]]:
         tokens, stamps = [], []
-        for step in stream(model, ids, max_new_tokens=n, eos_id=()):
+        session = None
+        if held:
+            session = sessions.get(ids.shape[0])
+            if session is None:
+                session = sessions[ids.shape[0]] = DecodeSession(model, rows=ids.shape[0])
+        for step in stream(model, ids, max_new_tokens=n, eos_id=(), decode_session=session):
             tokens.append(step.tokens)
             stamps.append(time.perf_counter())
         return torch.stack(tokens, dim=1), stamps  # (B, n)
@@ -413,6 +424,9 @@ def _competitors(
         model = quantized_copy(ours, name, args.group_size)
         runs[name] = ours_run(model)
         bytes_[name] = quantized_weight_bytes(model).per_token
+        if args.held_sessions:  # the engine's copies made once per batch size, not per call
+            runs[f"{name} (session)"] = ours_run(model, held=True)
+            bytes_[f"{name} (session)"] = bytes_[name]
     if args.with_bf16act:
         for name in ("int8-bf16act", "int8+head-bf16act", "int4-bf16act", "int4+head-bf16act"):
             model = quantized_copy(ours, name, args.group_size)
@@ -440,6 +454,11 @@ def main(argv: list[str] | None = None) -> int:
         "--with-bf16act", action="store_true", help="also bfloat16 rows into PyTorch's kernels"
     )
     parser.add_argument("--no-dynamic", action="store_true", help="skip transformers dyn-int8")
+    parser.add_argument(
+        "--held-sessions",
+        action="store_true",
+        help="also each attnlab variant through a DecodeSession held across calls",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes; results to a temp dir")
     parser.add_argument("--json", default=None)
     parser.add_argument("--markdown", default=None)

@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -21,6 +21,7 @@ from torch import Tensor, nn
 import attnlab
 from attnlab.analysis import analyze, count_params
 from attnlab.explore import Explorer
+from attnlab.generation.session import DecoderOnlySession
 from attnlab.inspect import hook_names, run_with_cache
 from attnlab.layers.embedding import TokenEmbedding, tie_weights
 from attnlab.layers.kv_cache import KVCache
@@ -263,6 +264,39 @@ def test_an_unregistered_family_is_refused_clearly(toy: Family) -> None:
         family_of(nn.Linear(2, 2))
     with pytest.raises(ValueError, match="unknown preset 'toy-lm-big'"):
         build_model("toy-lm-big")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepCountingConfig(ToyConfig):
+    model_type: ClassVar[str] = "toy-lm-counted"
+
+
+class StepCountingLM(ToyLM):
+    """The toy LM under another family, whose declaration brings its own generation session."""
+
+
+def test_a_family_may_bring_its_own_generation_session() -> None:
+    opened: list[tuple[int, int]] = []
+
+    def session(model: nn.Module, prompts: Any, max_new_tokens: int, use_cache: bool,
+                **options: Any) -> DecoderOnlySession:  # fmt: skip
+        opened.append((prompts.batch_size, max_new_tokens))
+        return DecoderOnlySession(model, prompts, max_new_tokens, use_cache, **options)
+
+    counted = Family(
+        name="toy-lm-counted", config=StepCountingConfig, model=StepCountingLM,
+        kind=Kind.CAUSAL_LM, hooks=_hooks, decode_stack=_decoder_stack, session=session,
+    )  # fmt: skip
+    with registered(counted):
+        model = _peaked(StepCountingLM(StepCountingConfig()))
+        out = attnlab.generate(model, [[3, 7], [5, 9, 11]], max_new_tokens=5, eos_id=())
+        beams = attnlab.generate(model, [[3, 7]], max_new_tokens=4, num_beams=3, eos_id=())
+    assert opened == [(2, 5), (1, 4)] and out.shape == (2, 5) and beams.shape == (1, 4)
+    with registered(TOY):  # the same weights under the standard session: the same tokens
+        plain = ToyLM(ToyConfig())
+        plain.load_state_dict(model.state_dict())
+        assert torch.equal(attnlab.generate(plain.eval(), [[3, 7], [5, 9, 11]], max_new_tokens=5,
+                                            eos_id=()), out)  # fmt: skip
 
 
 def test_the_family_is_gone_after_the_block() -> None:

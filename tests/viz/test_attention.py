@@ -50,7 +50,7 @@ def test_bad_inputs(tiny_bert: BERT) -> None:
     with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 50\)"):
         attention_for_text(tiny_bert, ids=[1, 99])
     with pytest.raises(
-        ValueError, match="supports encoders .BERT., causal LMs .GPT. and encoder-decoder"
+        ValueError, match=r"supports encoders \(BERT\), causal LMs \(GPT\) and encoder-decoder"
     ):
         attention_for_text(torch.nn.Linear(2, 2), ids=[1])
     with pytest.raises(FileNotFoundError, match="does not exist"):

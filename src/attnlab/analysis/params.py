@@ -103,9 +103,24 @@ def has_closed_form(config: Any) -> bool:
     return family is not None and family.costs is not None
 
 
+_PER_FAMILY = ("gpt_params", "bert_params", "vit_params", "transformer_params")
+
+
 def __getattr__(name: str) -> Any:
-    """``BREAKDOWNS`` / ``PARAM_FORMULAS``: deprecated views (config class -> formula) of what
-    the families declare (:attr:`attnlab.models.family.Family.costs`)."""
+    """Deprecated: ``BREAKDOWNS`` / ``PARAM_FORMULAS`` (views, config class -> formula, of what
+    the families declare: :attr:`attnlab.models.family.Family.costs`) and the per-family
+    ``gpt_params`` / ``bert_params`` / ``vit_params`` / ``transformer_params``
+    (:func:`count_params` of a config)."""
+    if name in _PER_FAMILY:
+        warnings.warn(
+            f"attnlab.analysis.params.{name} is deprecated: use count_params(config, "
+            "exclude_embeddings=...), which reads the config's family's closed form",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return lambda c, exclude_embeddings=False: count_params(
+            c, exclude_embeddings=exclude_embeddings
+        )
     if name in ("BREAKDOWNS", "PARAM_FORMULAS"):
         warnings.warn(
             f"attnlab.analysis.params.{name} is deprecated: each family declares its closed "

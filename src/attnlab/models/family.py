@@ -213,7 +213,9 @@ class Session(Protocol):
 
 
 SessionFactory = Callable[..., Session]
-"""``(model, prompts: PromptBatch, max_new_tokens, use_cache, *, window) -> Session``."""
+"""``(model, prompts: PromptBatch, max_new_tokens, use_cache, **options) -> Session``; a causal
+LM's factory also gets ``window=`` (the sliding context, or ``None``) and ``runner=`` (what runs
+``hidden_states`` and ``lm_head``: a decode engine, or ``None`` for the model itself)."""
 
 
 # -- the explorer --------------------------------------------------------------------------------
@@ -235,11 +237,9 @@ class ExplorerSpec:
 
     Attributes:
         images: an image classifier's input shape, from its config (``None``: text input).
-        class_token: the image tokens start with a class token ([CLS]).
     """
 
     images: Callable[[Any], ImageShape] | None = None
-    class_token: bool = True
 
 
 # -- the declaration -------------------------------------------------------------------------

@@ -28,6 +28,7 @@ Shapes: x ``(B, 1, E)`` -> ``(B, 1, E)``; the cache ``(B, H_kv, L, D)`` gains po
 from __future__ import annotations
 
 import operator
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -519,6 +520,32 @@ class CppStack:
         for c in caches:
             c.length += 1
         return x
+
+
+_REMOVED = {
+    "fused_forward": "the fused engine runs a layer's step itself (layer_step, takes_step)",
+    "fused_stack": "the fused engine's CppStack runs the stack from outside the model",
+    "FusedStack": "the fused engine's CppStack runs the stack from outside the model",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Deprecated: ``active_plan`` (always ``None`` now: no plan is installed on a layer); the
+    removed names that patched a live model say what replaced them."""
+    if name == "active_plan":
+        warnings.warn(
+            "attnlab.transforms.decode_layer.active_plan is deprecated: no plan is installed on "
+            "a layer any more; the fused engine's steps hold them (FusedDecoder.steps[i].plan)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return lambda layer: None
+    if name in _REMOVED:
+        raise AttributeError(
+            f"attnlab.transforms.decode_layer.{name} was removed with the patching of live "
+            f"models (issue 48): {_REMOVED[name]}; see attnlab.transforms.decode_engine"
+        )
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
