@@ -306,3 +306,46 @@ def test_the_family_is_gone_after_the_block() -> None:
         build_model("toy-lm-tiny")
     with pytest.raises(TypeError, match="ToyLM belongs to no attnlab model family"):
         attnlab.generate(ToyLM(ToyConfig()), [[1, 2]], max_new_tokens=2)
+
+
+# -- the library's own declarations -----------------------------------------------------------
+
+
+def _smallest(family: Family) -> object:
+    """The family's smallest preset (by its closed-form count), else its config's defaults."""
+    if not family.presets:
+        return family.config()
+    if family.costs is None:
+        return next(iter(family.presets.values()))
+    return min(family.presets.values(), key=count_params)
+
+
+@pytest.mark.parametrize("name", sorted(f.name for f in attnlab.models.families()))
+def test_every_library_family_declares_a_consistent_contract(name: str) -> None:
+    """Each family's declaration agrees with its model: the class offers ``generate`` exactly
+    when the kind generates, the example inputs run a forward, the closed form counts the
+    built parameters, the hook layout names real submodules, the decoder stack its layers."""
+    family = family_of(name)
+    config = _smallest(family)
+    model = build_model(config).eval()
+    assert family_of(model) is family and isinstance(model, PretrainedModel)
+    assert isinstance(model, GenerationMixin) == family.kind.generates
+    if family.costs is not None:
+        assert count_params(config) == count_params(model)
+    if family.example_inputs is not None:
+        short = 8 if family.kind.reads_text else None
+        args, kwargs = family.example_inputs(
+            config, batch=2, seq_len=short, generator=torch.Generator().manual_seed(0)
+        )
+        with torch.no_grad():
+            model(*args, **kwargs)
+    if family.hooks is not None:
+        modules = {id(m) for m in model.modules()}
+        layout = family.hooks(model)
+        for stack in layout.stacks:
+            assert all(id(m) in modules for _, m in stack.inputs)
+            assert all(id(layer) in modules for layer in stack.layers)
+        assert hook_names(model)
+    if family.decode_stack is not None:
+        stack = family.decode_stack(model)
+        assert stack is not None and len(stack.layers) == model.config.n_layers

@@ -32,11 +32,10 @@ from attnlab.layers.positional import (
 from attnlab.models.base import PretrainedModel
 from attnlab.models.common import (
     StackConfig,
-    check_size,
     check_token_ids,
     encoder_layer,
-    example_ids,
     final_norm,
+    token_inputs,
     token_loss,
 )
 from attnlab.models.costs import (
@@ -403,18 +402,6 @@ def _hook_layout(model: BERT) -> HookLayout:
     return HookLayout((stack,), head=model.mlm, readout=readout)
 
 
-def _example_inputs(
-    c: BERTConfig,
-    *,
-    batch: int = 1,
-    seq_len: int | None = None,
-    src_len: int | None = None,
-    generator: torch.Generator,
-) -> tuple[tuple[Tensor, ...], dict[str, Tensor]]:
-    n = c.max_seq_len if seq_len is None else check_size("seq_len", seq_len)
-    return (example_ids(c.vocab_size, batch, n, generator),), {}
-
-
 FAMILY = register_family(
     Family(
         name="bert",
@@ -425,7 +412,7 @@ FAMILY = register_family(
         description="BERT encoders, with a pooler and a masked-LM head",
         hooks=_hook_layout,
         costs=COSTS,
-        example_inputs=_example_inputs,
+        example_inputs=token_inputs,
         explorer=ExplorerSpec(),
     )
 )

@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
 from torch import Tensor, nn
 
 from attnlab.config import Config, check_positive, check_probability
 from attnlab.models.base import PretrainedModel
+from attnlab.models.common import image_inputs
 from attnlab.models.family import Family, Kind, register_family
 
 
@@ -64,20 +64,6 @@ class CNNClassifier(PretrainedModel):
         return self.head(self.dropout(h.mean(dim=(2, 3))))  # (B, K)
 
 
-def _example_inputs(
-    c: CNNConfig,
-    *,
-    batch: int = 1,
-    seq_len: int | None = None,
-    src_len: int | None = None,
-    generator: torch.Generator,
-) -> tuple[tuple[Tensor, ...], dict[str, Tensor]]:
-    if seq_len is not None:
-        raise ValueError(f"{type(c).__name__} has no sequence length (seq_len={seq_len})")
-    shape = (batch, c.in_channels, 8, 8)  # the digits recipe's images; any size works
-    return (torch.randn(shape, generator=generator),), {}
-
-
 FAMILY = register_family(
     Family(
         name="cnn",
@@ -86,7 +72,7 @@ FAMILY = register_family(
         kind=Kind.IMAGE_CLASSIFIER,
         presets={},
         description="a small CNN classifier, the digits recipe's baseline",
-        example_inputs=_example_inputs,
+        example_inputs=image_inputs(8),  # the digits recipe's images; any size works
     )
 )
 

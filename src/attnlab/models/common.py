@@ -20,8 +20,9 @@ the encoder and layer ``i`` of the decoder).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -344,6 +345,46 @@ def example_ids(vocab_size: int, batch: int, length: int, generator: torch.Gener
     return torch.randint(low, vocab_size, (batch, length), generator=generator)
 
 
+def token_inputs(
+    c: Any,
+    *,
+    batch: int = 1,
+    seq_len: int | None = None,
+    src_len: int | None = None,
+    generator: torch.Generator,
+) -> tuple[tuple[Tensor, ...], dict[str, Tensor]]:
+    """A text model's example inputs (a family's ``example_inputs``): ids ``(B, T)`` of its
+    vocabulary, ``T = seq_len`` or its ``max_seq_len``.
+
+    Raises:
+        ValueError: for a non-positive length, or none for a model without a context length.
+    """
+    n = seq_len if seq_len is not None else getattr(c, "max_seq_len", None)
+    if n is None:
+        raise ValueError(f"{type(c).__name__} has no context length: pass seq_len")
+    return (example_ids(c.vocab_size, batch, check_size("seq_len", n), generator),), {}
+
+
+def image_inputs(size: int) -> Callable[..., tuple[tuple[Tensor, ...], dict[str, Tensor]]]:
+    """A convolutional classifier's ``example_inputs``: random images ``(B, C, size, size)``
+    (``C`` = its ``in_channels``); it has no sequence length to vary."""
+
+    def inputs(
+        c: Any,
+        *,
+        batch: int = 1,
+        seq_len: int | None = None,
+        src_len: int | None = None,
+        generator: torch.Generator,
+    ) -> tuple[tuple[Tensor, ...], dict[str, Tensor]]:
+        if seq_len is not None:
+            raise ValueError(f"{type(c).__name__} has no sequence length (seq_len={seq_len})")
+        shape = (check_size("batch", batch), c.in_channels, size, size)
+        return (torch.randn(shape, generator=generator),), {}
+
+    return inputs
+
+
 def check_size(name: str, value: object) -> int:
     """A positive integer length or size, or ``ValueError`` naming it."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -361,9 +402,11 @@ __all__ = [
     "example_ids",
     "feed_forward",
     "final_norm",
+    "image_inputs",
     "is_moe_layer",
     "layer_backend",
     "layer_window",
     "moe_layer_indices",
     "norm",
+    "token_inputs",
 ]

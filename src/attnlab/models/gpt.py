@@ -34,12 +34,11 @@ from attnlab.layers.positional import (
 from attnlab.models.base import GenerationMixin, PretrainedModel
 from attnlab.models.common import (
     StackConfig,
-    check_size,
     check_token_ids,
     decoder_layer,
-    example_ids,
     final_norm,
     layer_window,
+    token_inputs,
     token_loss,
 )
 from attnlab.models.costs import (
@@ -424,18 +423,6 @@ def _decoder_stack(model: GPT) -> DecoderStack:
     )
 
 
-def _example_inputs(
-    c: GPTConfig,
-    *,
-    batch: int = 1,
-    seq_len: int | None = None,
-    src_len: int | None = None,
-    generator: torch.Generator,
-) -> tuple[tuple[Tensor, ...], dict[str, Tensor]]:
-    n = c.max_seq_len if seq_len is None else check_size("seq_len", seq_len)
-    return (example_ids(c.vocab_size, batch, n, generator),), {}
-
-
 FAMILY = register_family(
     Family(
         name="gpt",
@@ -447,7 +434,7 @@ FAMILY = register_family(
         hooks=_hook_layout,
         costs=COSTS,
         decode_stack=_decoder_stack,
-        example_inputs=_example_inputs,
+        example_inputs=token_inputs,
         explorer=ExplorerSpec(),
     )
 )

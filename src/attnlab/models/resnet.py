@@ -24,12 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import Config, check_positive
 from attnlab.models.base import PretrainedModel
+from attnlab.models.common import image_inputs
 from attnlab.models.costs import Costs, ParamBreakdown, linear_params
 from attnlab.models.family import Family, Kind, register_family
 
@@ -232,20 +232,6 @@ def _params(c: ResNetConfig) -> ParamBreakdown:
     return ParamBreakdown(comp, {})
 
 
-def _example_inputs(
-    c: ResNetConfig,
-    *,
-    batch: int = 1,
-    seq_len: int | None = None,
-    src_len: int | None = None,
-    generator: torch.Generator,
-) -> tuple[tuple[Tensor, ...], dict[str, Tensor]]:
-    if seq_len is not None:
-        raise ValueError(f"{type(c).__name__} has no sequence length (seq_len={seq_len})")
-    shape = (batch, c.in_channels, 32, 32)  # CIFAR's images, which the stages are sized for
-    return (torch.randn(shape, generator=generator),), {}
-
-
 FAMILY = register_family(
     Family(
         name="resnet",
@@ -255,6 +241,6 @@ FAMILY = register_family(
         presets=PRESETS,
         description="CIFAR ResNets (He et al. 2016, §4.2)",
         costs=Costs(params=_params),
-        example_inputs=_example_inputs,
+        example_inputs=image_inputs(32),  # CIFAR's images, which the stages are sized for
     )
 )

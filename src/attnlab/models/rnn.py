@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from attnlab.config import Config, check_positive, check_probability
 from attnlab.layers.embedding import TokenEmbedding, tie_weights
 from attnlab.models.base import GenerationMixin, PretrainedModel
-from attnlab.models.common import check_size, check_token_ids, example_ids, token_loss
+from attnlab.models.common import check_token_ids, token_inputs, token_loss
 from attnlab.models.costs import FP32, INDEX_BYTES, Costs, MatmulTerm, ParamBreakdown
 from attnlab.models.family import Family, Kind, register_family
 
@@ -267,19 +267,6 @@ COSTS = Costs(
 )
 
 
-def _example_inputs(
-    c: RNNConfig,
-    *,
-    batch: int = 1,
-    seq_len: int | None = None,
-    src_len: int | None = None,
-    generator: torch.Generator,
-) -> tuple[tuple[Tensor, ...], dict[str, Tensor]]:
-    if seq_len is None:
-        raise ValueError(f"{type(c).__name__} has no context length: pass seq_len")
-    return (example_ids(c.vocab_size, batch, check_size("seq_len", seq_len), generator),), {}
-
-
 FAMILY = register_family(
     Family(
         name="rnn",
@@ -289,6 +276,6 @@ FAMILY = register_family(
         presets=PRESETS,
         description="LSTM and GRU language models",
         costs=COSTS,
-        example_inputs=_example_inputs,
+        example_inputs=token_inputs,
     )
 )
