@@ -146,8 +146,8 @@ def _check_memory(
     if model_config is not None:
         # float32, a quantized directory or --quantize: attnlab.cli.quantize
         estimate = generation_estimate(
-            directory, model_config, quantize=quantize,
-            cpu=device.startswith("cpu") and config.engine != "eager",  # the engine's copies
+            directory, model_config, quantize=quantize, cpu=device.startswith("cpu"),
+            engine=config.engine,
             batch=len(prompts), prompt_len=max(1, *map(len, prompts)),
             max_new_tokens=config.max_new_tokens,
             num_beams=max(config.num_beams, config.num_return_sequences),

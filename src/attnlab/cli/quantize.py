@@ -107,16 +107,19 @@ def quantize_loaded(model: Any, fmt: str | None, source: str) -> Any:
 
 
 def generation_estimate(
-    directory: Path, config: Any, *, quantize: str | None, cpu: bool, **sizes: Any
-) -> Any:
+    directory: Path, config: Any, *, quantize: str | None, cpu: bool, engine: str = "auto",
+    **sizes: Any,
+) -> Any:  # fmt: skip
     """The memory estimate of generating with the model of ``directory`` (``config``): float32,
     a quantized directory (its quantized weights), or ``--quantize FMT`` (the larger of loading
-    and quantizing the float weights, and decoding with the quantized ones). ``sizes``: the
-    sizes of :func:`attnlab.analysis.memory_check.estimate_generation`."""
+    and quantizing the float weights, and decoding with the quantized ones); on the CPU, with
+    the weight copies the decode ``engine`` may hold during the call. ``sizes``: the sizes of
+    :func:`attnlab.analysis.memory_check.estimate_generation`."""
     from attnlab.analysis.memory_check import MemoryEstimate, estimate_generation
     from attnlab.analysis.params import count_params
+    from attnlab.generation.engines import engine_copy_numel
     from attnlab.models import build_model
-    from attnlab.transforms import copy_numel, quantized_footprint, read_quantization_config
+    from attnlab.transforms import quantized_footprint, read_quantization_config
     from attnlab.transforms.quant_io import is_quantized_dir
 
     if is_quantized_dir(directory):
@@ -124,12 +127,13 @@ def generation_estimate(
     elif quantize is not None:
         qconfig = quantize_options(build_model(config, device="meta"), quantize)
     else:
-        numel = copy_numel(config) if cpu else 0
+        numel = engine_copy_numel(config, engine) if cpu else 0
         return estimate_generation(config, decode_copy_numel=numel, **sizes)
     footprint = quantized_footprint(config, qconfig)
     decode = estimate_generation(
         config, weight_bytes=footprint.weights,
-        decode_copy_numel=footprint.decode_copy_numel if cpu else 0, **sizes,
+        decode_copy_numel=footprint.decode_copy_numel if cpu and engine != "eager" else 0,
+        **sizes,
     )  # fmt: skip
     if decode is None or is_quantized_dir(directory):
         return decode

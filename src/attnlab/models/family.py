@@ -375,18 +375,6 @@ def family_of(obj: object, *, what: str = "") -> Family:
     return family
 
 
-def hook_layout(model: nn.Module) -> HookLayout:
-    """The :class:`HookLayout` the model's family declares.
-
-    Raises:
-        TypeError: for a model of no family, or of a family without hook points.
-    """
-    family = family_of(model, what="hook points")
-    if family.hooks is None:
-        raise TypeError(f"{type(model).__name__} ({family.name}) declares no hook points")
-    return family.hooks(model)
-
-
 def decoder_stack(model: nn.Module) -> DecoderStack | None:
     """The :class:`DecoderStack` of a decoder model, or ``None`` (no family declares one)."""
     family = find_family(model)
@@ -412,7 +400,6 @@ __all__ = [
     "families",
     "family_of",
     "find_family",
-    "hook_layout",
     "register_family",
     "registered",
     "unregister_family",
