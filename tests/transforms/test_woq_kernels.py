@@ -10,6 +10,8 @@ remainder and across the 64-row chunks the threads split, K with an int8 tail (K
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -191,3 +193,24 @@ def test_decode_attention_refuses_bad_operands() -> None:
         wk.decode_attention(q, torch.randn(1, 2, 5, 7), v)
     with pytest.raises(RuntimeError, match="contiguous"):
         wk.decode_attention(q, k, torch.randn(1, 2, 8, 5).transpose(-2, -1))
+
+
+def test_a_lock_file_left_by_a_killed_build_does_not_hang_the_next(tmp_path: Path) -> None:
+    """torch's build lock is a plain file: a process killed mid-build leaves it, and torch's next
+    ``load`` waits for it forever (this hung a whole CI run at collection). The process holding
+    attnlab's ``flock`` removes it and builds."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    root = tmp_path / "ext"
+    shutil.copytree(wk.build_directory(), root / wk.NAME)  # the built extension: ninja has no work
+    (root / wk.NAME / "lock").touch()  # what the killed build left
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(root)}
+    code = "import attnlab.kernels as k; print(k.build_directory(), k.available())"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=240, check=True)  # fmt: skip
+    assert done.stdout.split() == [str(root / wk.NAME), "True"]
+    assert "left by a build that was killed" in done.stderr
+    assert not (root / wk.NAME / "lock").exists()

@@ -27,7 +27,10 @@ to a layer's semantics requires of them is in ``docs/architecture.md``.
 
 The extension is compiled on first use with ``torch.utils.cpp_extension`` (a C++ compiler and
 ninja; about half a minute, cached under ``TORCH_EXTENSIONS_DIR``, default
-``~/.cache/torch_extensions``). :func:`available` says whether it could be built and loaded
+``~/.cache/torch_extensions``). One process builds at a time (an advisory ``flock``, which the
+system releases when its holder dies); torch's own lock file, which a process killed mid-build
+leaves behind and on which every later build would wait forever, is removed by the process that
+holds that lock. :func:`available` says whether it could be built and loaded
 here; it is ``False`` off x86-64, on a CPU without AVX2, when ``ATTNLAB_NO_CPP_KERNELS=1`` is set,
 or when the build fails (logged once as a warning; the quantized layers then use PyTorch's kernels
 or the reference path, and decoding runs the modules).
@@ -39,9 +42,12 @@ k ``(B, H_kv, S, D)``, v ``(B, H_kv, S, Dv)`` -> ``(B, H, 1, Dv)``; a layer step
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import platform
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,12 +92,58 @@ def _ninja_on_path() -> None:
         os.environ["PATH"] = bin_dir + os.pathsep + path
 
 
+def build_directory() -> Path:
+    """Where the extension is built and cached: ``$TORCH_EXTENSIONS_DIR/attnlab_woq``, else
+    torch's default root (``~/.cache/torch_extensions/pyXY_cpu/attnlab_woq``)."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        from torch.utils import cpp_extension
+
+        version = f"py{sys.version_info.major}{sys.version_info.minor}"
+        root = os.path.join(cpp_extension.get_default_build_root(), f"{version}_cpu")
+    return Path(root) / NAME
+
+
+@contextlib.contextmanager
+def _sole_builder(directory: Path) -> Iterator[None]:
+    """Hold the build directory against other processes' builds while the body runs.
+
+    torch's ``cpp_extension.load`` guards a build with a lock *file* that it creates and removes;
+    a process killed while building (a test's worker, a Ctrl-C) leaves that file, and every later
+    load waits for it forever. Here an ``flock`` on a file beside it says who builds (the system
+    drops it when its holder dies), so the holder knows any lock file it finds is stale.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: torch's own lock file only
+        yield
+        return
+    with open(directory / "attnlab-build.flock", "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            stale = directory / "lock"
+            if stale.exists():
+                logger.warning("removing %s, left by a build that was killed", stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
 def _build() -> None:
     from torch.utils import cpp_extension
 
     _ninja_on_path()
+    directory = build_directory()
+    with _sole_builder(directory):
+        _load(cpp_extension, directory)
+
+
+def _load(cpp_extension: Any, directory: Path) -> None:
     cpp_extension.load(
         name=NAME,
+        build_directory=str(directory),
         sources=[str(SOURCE), str(ATTENTION_SOURCE), str(LAYER_SOURCE)],
         # no contraction of a multiply and an add into one FMA: the int4 tables must round as
         # the reference's dequantization does
@@ -253,6 +305,7 @@ __all__ = [
     "KERNEL_INT4",
     "KERNEL_INT8",
     "available",
+    "build_directory",
     "decode_attention",
     "decode_stack",
     "decode_step",
