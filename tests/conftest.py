@@ -1,5 +1,13 @@
-"""Shared fixtures: deterministic seeding, one torch thread on request, and weight copying from
+"""Shared fixtures: every test in a working directory of its own (and a guard against writing into
+the checkout), deterministic seeding, one torch thread on request, and weight copying from
 ``torch.nn`` reference modules.
+
+Hermetic tests: each test runs with a fresh empty directory as its working directory, so a
+command it runs (``attnlab train ...`` writes ``runs/NAME`` relative to it) never meets what a
+README command or another test left behind, and never leaves anything in the checkout. After
+each test the checkout's top level is compared with what it was before, and at the end of the
+session the untracked files of ``git status`` with those at its start: a test that wrote into the
+checkout fails, naming what it wrote.
 
 The copiers map PyTorch's module names onto ours so parity tests can run the same weights through
 both implementations:
@@ -14,11 +22,77 @@ both implementations:
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def _top_level() -> set[str]:
+    return set(os.listdir(CHECKOUT))
+
+
+def _git_status() -> set[str] | None:
+    """``git status --porcelain`` lines of the checkout, or ``None`` outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=all"], cwd=CHECKOUT,
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return set(out.stdout.splitlines())
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_STATUS] = _git_status()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    before = session.config.stash.get(_STATUS, None)
+    after = _git_status() if before is not None else None
+    if before is None or after is None:
+        return
+    # new untracked files only: tracked files a person edits while the tests run are theirs
+    new = sorted(line for line in after - before if line.startswith("??"))
+    if not new:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"the tests changed the checkout (git status): {new}", red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_STATUS = pytest.StashKey[set[str] | None]()
+
+
+@pytest.fixture(autouse=True)
+def _own_directory(
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+) -> Iterator[None]:
+    """Run the test in an empty working directory of its own (unless a module's fixture has
+    already moved it from where pytest started to a scratch directory of that module, outside
+    the checkout); fail it if it wrote into the checkout's top level (``runs/``, a stray file)."""
+    before = _top_level()
+    started = Path(request.config.invocation_params.dir).resolve()
+    cwd = Path.cwd().resolve()
+    if cwd == started or CHECKOUT in (cwd, *cwd.parents):
+        monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+    yield
+    new = _top_level() - before
+    if new:
+        pytest.fail(
+            f"{request.node.nodeid} wrote {sorted(new)} into the checkout {CHECKOUT}; a test "
+            "works in its own directory (its working directory is a fresh one)"
+        )
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,8 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 
 # package -> floor; a package may import its own modules and lower floors only
 FLOORS = {
-    "attnlab.registry": 0, "attnlab.config": 0, "attnlab.io": 0, "attnlab.kernels": 0,
+    "attnlab.registry": 0, "attnlab.config": 0, "attnlab.io": 0, "attnlab.integrity": 0,
+    "attnlab.kernels": 0,
     "attnlab.layers": 1, "attnlab.data": 1,
     "attnlab.models": 2,
     "attnlab.transforms": 3.0, "attnlab.interop": 3.0, "attnlab.analysis": 3.0,

@@ -51,6 +51,18 @@ def check_finite(**values: float | None) -> None:
             raise ValueError(f"{name} must be a finite number, got {v}")
 
 
+SEED_RANGE = (0, 2**64 - 1)  # what torch.Generator.manual_seed takes (negatives wrap around)
+
+
+def check_seed(**values: int | None) -> None:
+    """Raise ``ValueError`` for a seed outside ``[0, 2**64 - 1]`` (``None`` is skipped): torch
+    refuses larger ones with "Overflow when unpacking long", naming nothing."""
+    lo, hi = SEED_RANGE
+    for name, v in values.items():
+        if v is not None and not lo <= v <= hi:
+            raise ValueError(f"{name} must be an integer in [0, 2**64 - 1], got {v}")
+
+
 # -- annotation-driven field checks ---------------------------------------------------------------
 
 
@@ -227,6 +239,7 @@ __all__ = [
     "check_finite",
     "check_positive",
     "check_probability",
+    "check_seed",
     "config_from_dict",
     "config_to_dict",
     "field_hints",

@@ -11,12 +11,17 @@ pictures' data) goes through this module:
   :func:`atomic_save_tensors` (safetensors) are its common cases.
 - :func:`write_files_together` writes several files of one directory (a checkpoint's weights and
   config): every temporary file is complete before the first replacement, so a failing writer
-  leaves all the old files in place.
+  leaves all the old files in place. A write the file system refuses (a full disk: ``ENOSPC``)
+  raises an ``OSError`` naming the file it was writing, never the temporary one or none.
 - :func:`find_data_file` looks a data set up offline, in :func:`data_dirs`: ``$ATTNLAB_DATA``,
   ``../shared/data`` beside a source checkout of attnlab, ``~/.cache/attnlab``.
 - :func:`read_json` and :func:`read_text` raise ``FileNotFoundError``/``ValueError`` naming the
   file and what is wrong with it (missing, a directory, invalid UTF-8, invalid JSON, nesting too
   deep, an integer too long), never a bare parser traceback.
+- :func:`check_version`: the one check of a file's ``"format"`` and ``"version"`` (run records,
+  trainer states, tokenizers, quantization records). A file of another format raises
+  :class:`FormatError`; one written by a newer attnlab :class:`NewerVersionError`, which a
+  caller never takes for damage (it refuses, and changes nothing).
 
 Floor 0: imports nothing of attnlab.
 """
@@ -33,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 # The names of :func:`_write_temp`'s files: "." + the target's name + "." + mkstemp's 8 random
@@ -64,9 +70,37 @@ def fsync_dir(directory: PathLike) -> None:
             os.close(fd)
 
 
+def _write_error(target: Path, e: BaseException, tmp: str | None = None) -> OSError | None:
+    """The ``OSError`` to raise for ``e``, a failed write of ``target``: one naming ``target``
+    when ``e`` names no file or only the temporary one (a full disk: a writer's ``write``
+    raises ``OSError(ENOSPC)`` without a file name, safetensors a ``SafetensorError`` naming
+    the OS error and its temporary file), so that every message says which file could not be
+    written; ``None`` to raise ``e`` as it is."""
+    if isinstance(e, OSError):
+        if e.filename is not None and str(e.filename) != str(tmp):
+            return None
+        code, text = e.errno, e.strerror or str(e) or type(e).__name__
+    elif isinstance(e, SafetensorError) and re.search(r"I/O error|IoError", str(e)):
+        # "Error while serializing: I/O error: No space left on device (os error 28) at ..."
+        found = re.search(r"os error (\d+)|code: (\d+)", str(e))
+        code = int(found.group(1) or found.group(2)) if found else None
+        text = os.strerror(code) if code else str(e)
+    else:
+        return None
+    return OSError(code, text, str(target))  # OSError picks the errno's subclass
+
+
 def _write_temp(directory: Path, name: str, write: Callable[[str], None]) -> Path:
-    """Run ``write(path)`` on a fresh temporary file in ``directory``, fsync it, return it."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    """Run ``write(path)`` on a fresh temporary file in ``directory``, fsync it, return it.
+
+    Raises:
+        OSError: naming ``directory / name`` (not the temporary file) when the file system
+            refuses (a full disk, no permission), as :func:`_write_error`.
+    """
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    except OSError as e:
+        raise (_write_error(directory / name, e, e.filename) or e) from None
     os.close(fd)
     try:
         write(tmp)
@@ -74,11 +108,22 @@ def _write_temp(directory: Path, name: str, write: Callable[[str], None]) -> Pat
             os.chmod(tmp, _FILE_MODE)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        named = _write_error(directory / name, e, tmp)
+        if named is not None:
+            raise named from e
         raise
     return Path(tmp)
+
+
+def _replace(tmp: Path, target: Path) -> None:
+    """``os.replace(tmp, target)``; an ``OSError`` names ``target`` (not the temporary file)."""
+    try:
+        os.replace(tmp, target)
+    except OSError as e:
+        raise (_write_error(target, e, str(tmp)) or e) from e
 
 
 def _parent_dir(target: Path) -> Path:
@@ -109,6 +154,8 @@ def atomic_write(path: PathLike, write: Callable[[str], None]) -> Path:
     Raises:
         IsADirectoryError: if ``path`` is an existing directory.
         NotADirectoryError: if its parent is a file.
+        OSError: naming ``path`` when the file system refuses the write (a full disk, no
+            permission; the old file, if any, is left as it was).
     """
     target = Path(path)
     if target.is_dir():
@@ -116,7 +163,7 @@ def atomic_write(path: PathLike, write: Callable[[str], None]) -> Path:
     parent = _parent_dir(target)
     tmp = _write_temp(parent, target.name, write)
     try:
-        os.replace(tmp, target)
+        _replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -192,8 +239,16 @@ def write_files_together(directory: PathLike, writers: Mapping[str, Callable[[st
         for tmp in temps.values():
             tmp.unlink(missing_ok=True)
         raise
-    for name, tmp in temps.items():
-        os.replace(tmp, root / name)
+    moved: set[str] = set()
+    try:
+        for name, tmp in temps.items():
+            _replace(tmp, root / name)
+            moved.add(name)
+    except BaseException:  # no temporary file is left behind
+        for name, tmp in temps.items():
+            if name not in moved:
+                tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(root)
 
 
@@ -324,12 +379,71 @@ def _json_kind(cls: type) -> str:
     )
 
 
+class FormatError(ValueError):
+    """A file that is not in a format this release reads: another program's, or a version it
+    does not know (the message names the file, its format and version, and what is read)."""
+
+
+class NewerVersionError(FormatError):
+    """A file written by a newer attnlab: a format version above the one this release reads.
+    Not damage: a caller that would fall back past a damaged file (an older checkpoint) refuses
+    instead, and rewrites nothing."""
+
+
+def check_version(
+    file: PathLike,
+    data: Mapping[str, Any],
+    *,
+    format: str,
+    version: int,
+    what: str = "an attnlab file",
+    required: bool = False,
+    oldest: int = 1,
+) -> int:
+    """Check the ``"format"`` and ``"version"`` of ``data`` (the JSON object read from
+    ``file``) against what this release reads; returns the file's version.
+
+    Args:
+        format: the format name files of this kind carry (``"attnlab-run"``, ...).
+        version: the newest format version this release reads.
+        what: the kind of file, for messages (``"an attnlab run record"``).
+        required: whether the ``"format"`` key must be present; otherwise a file without
+            one is taken to be of this kind (files written before the key existed).
+        oldest: the oldest version read; also the version of a file without ``"version"``
+            (files written before the key existed).
+
+    Raises:
+        NewerVersionError: for a version above ``version`` ("``file`` was written by a newer
+            attnlab (format version N; this release reads up to M)").
+        FormatError: for another ``"format"`` (or none when ``required``), or a version that
+            is not an integer from ``oldest`` up.
+    """
+    found = data.get("format")
+    if found != format and (found is not None or required):
+        got = "no format" if found is None else f"format {found!r}"
+        raise FormatError(f"{file} is not {what}: it has {got} (expected {format!r})")
+    number = data.get("version", oldest)
+    if isinstance(number, bool) or not isinstance(number, int) or number < oldest:
+        raise FormatError(
+            f"{file} has format version {number!r}; {what} has versions {oldest} to {version}"
+        )
+    if number > version:
+        raise NewerVersionError(
+            f"{file} was written by a newer attnlab (format version {number}; this release "
+            f"reads up to {version}): upgrade attnlab to use it"
+        )
+    return number
+
+
 __all__ = [
+    "FormatError",
+    "NewerVersionError",
     "atomic_save_tensors",
     "atomic_write",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
+    "check_version",
     "data_dirs",
     "find_data_file",
     "fsync_dir",

@@ -22,6 +22,18 @@ Before an attnlab model is built, the parameter count its config implies is comp
 shapes in the safetensors header (:func:`check_param_count`; no tensor data is read), so a
 ``config.json`` edited to another size is refused instead of allocating the wrong model.
 
+Weights are what the config says (:mod:`attnlab.integrity`): :func:`save_pretrained` records in
+the safetensors metadata a digest of the config and a content digest of the tensors (names,
+dtypes, shapes, a CRC-32 of each tensor's bytes), and loading refuses a ``config.json`` edited
+after saving (another ``n_heads``, activation, ``norm_eps``: the same shapes, other logits) or
+tensor data changed in place, naming the fields or tensors
+(:class:`~attnlab.integrity.DigestMismatchError`). Directories written before these digests
+existed have none and load as before. For every directory, attnlab's or Hugging Face's, a
+floating parameter must come from a floating tensor: float16/bfloat16/float64 files load into the
+float32 model (cast by the copy), int and bool tensors are refused naming the tensor and both
+dtypes. ``from_pretrained(..., verify=False)`` skips both checks (``attnlab generate`` and
+``attnlab quantize``: ``--no-verify``).
+
 Every model class has the Hugging Face-style conveniences ``Model.from_pretrained(path)`` and
 ``model.save_pretrained(path)`` from its base class (:class:`attnlab.models.base.PretrainedModel`),
 which call the two functions of this module.
@@ -44,11 +56,20 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_model, save_file, save_model
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from attnlab.analysis.params import count_params, has_closed_form
 from attnlab.config import config_to_dict
+from attnlab.integrity import (
+    KIND_RULE,
+    DigestMismatchError,
+    check_config,
+    check_content,
+    is_bound,
+    kind_problems,
+    save_bound,
+)
 from attnlab.interop.family import UnsupportedCheckpointError
 from attnlab.interop.hf import (
     BIN_INDEX,
@@ -59,7 +80,7 @@ from attnlab.interop.hf import (
     read_config,
 )
 from attnlab.interop.keymap import CheckpointMismatchError
-from attnlab.io import json_text, write_files_together
+from attnlab.io import json_text, read_json, write_files_together
 from attnlab.models import MODEL_TYPES, build_model, config_from_json_dict
 from attnlab.models.base import IMPLEMENTATIONS
 from attnlab.transforms.quant_io import (
@@ -109,16 +130,21 @@ def with_tied_names(state_dict: Mapping[str, Tensor], model: nn.Module) -> dict[
     return out
 
 
-def _save_state_dict(state_dict: Mapping[str, Tensor], model: nn.Module, file: str) -> None:
-    """``save_model`` for a given state dict: tied names dropped (recorded in the metadata)."""
-    tensors = {k: v.detach().contiguous() for k, v in state_dict.items()}
-    metadata: dict[str, str] = {}
+def _stored_tensors(
+    model: nn.Module, state_dict: Mapping[str, Tensor] | None
+) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """The tensors :func:`save_pretrained` writes (``state_dict``, default ``model``'s own),
+    each tied group once under the name ``safetensors``' ``save_model`` keeps (the first in
+    sorted order), and ``{dropped name: kept name}`` for the metadata."""
+    source = model.state_dict() if state_dict is None else state_dict
+    tensors = {k: v.detach().contiguous() for k, v in source.items()}
+    aliases: dict[str, str] = {}
     for group in tied_parameter_names(model):
         present = [n for n in group if n in tensors]
         for name in present[1:]:
-            metadata[name] = present[0]
+            aliases[name] = present[0]
             del tensors[name]
-    save_file(tensors, file, metadata=metadata or None)
+    return tensors, aliases
 
 
 # -- attnlab's format ---------------------------------------------------------------------------
@@ -140,7 +166,9 @@ def save_pretrained(
         state_dict: the weights to write instead of ``model``'s own (the full state dict of a
             sharded model, whose parameter names it must use).
 
-    A model quantized by :func:`attnlab.quantize` is written as a quantized model directory
+    The safetensors metadata binds the two files (:mod:`attnlab.integrity`): the digest of the
+    config, the content digest of the tensors, checked by :func:`from_pretrained`. A model
+    quantized by :func:`attnlab.quantize` is written as a quantized model directory
     (:func:`attnlab.transforms.quant_io.save_quantized`).
 
     Returns:
@@ -163,10 +191,9 @@ def save_pretrained(
         Path(tmp).write_text(config_text, encoding="utf-8")
 
     def write_weights(tmp: str) -> None:
-        if state_dict is None:
-            save_model(model, tmp)
-        else:
-            _save_state_dict(state_dict, model, tmp)
+        tensors, aliases = _stored_tensors(model, state_dict)
+        # save_file looked up at call time (tests patch it); the digests bind config.json
+        save_bound(save_file, tensors, tmp, metadata=aliases, config_text=config_text)
 
     directory = Path(path)
     write_files_together(directory, {WEIGHTS_NAME: write_weights, CONFIG_NAME: write_config})
@@ -250,12 +277,117 @@ def check_param_count(path: str | os.PathLike[str], config: Any) -> None:
         )
 
 
-def load_attnlab(path: str | os.PathLike[str], *, device: torch.device | str = "cpu") -> nn.Module:
-    """Rebuild the attnlab model saved in ``path`` and load its weights (eval mode).
+def _read_safetensors(file: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """Every tensor of ``file`` (one name per shared tensor, as stored) and its metadata.
+
+    Raises:
+        FileNotFoundError: without ``file``. ValueError: for a truncated or foreign file.
+    """
+    if not file.is_file():
+        raise FileNotFoundError(f"no {file.name} in {file.parent}")
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            metadata = dict(f.metadata() or {})
+        return load_file(file), metadata
+    except (SafetensorError, OSError, RuntimeError) as e:
+        raise ValueError(f"{file} is not a readable safetensors file: {e}") from None
+
+
+def check_weight_kinds(
+    file: str | os.PathLike[str], tensors: Mapping[str, Tensor], model: nn.Module
+) -> None:
+    """Refuse tensors of another kind than ``model``'s parameters and buffers of the same name
+    (an int32 or bool tensor for a float parameter; :func:`attnlab.integrity.kind_problems`).
+
+    Raises:
+        CheckpointMismatchError: naming each such tensor and both dtypes.
+    """
+    expected = {k: v.dtype for k, v in model.state_dict().items()}
+    problems = list(kind_problems(expected, {k: v.dtype for k, v in tensors.items()}).values())
+    if problems:
+        more = f" (and {len(problems) - 4} more)" if len(problems) > 4 else ""
+        raise CheckpointMismatchError(
+            f"{file} does not hold the weights of this {type(model).__name__}: "
+            f"{'; '.join(problems[:4])}{more}: {KIND_RULE}. from_pretrained(..., verify=False) "
+            "(attnlab generate/quantize --no-verify) casts them anyway"
+        )
+
+
+def read_model_weights(
+    path: str | os.PathLike[str], model: nn.Module, *, verify: bool = True
+) -> dict[str, Tensor]:
+    """The state dict in an attnlab model directory's ``model.safetensors`` for ``model`` (the
+    tied names added back), checked unless ``verify`` is false: the tensors' dtype kinds against
+    ``model``'s (:func:`check_weight_kinds`), ``config.json`` against the config digest, the
+    names against ``model``'s, the tensors against the content digest
+    (:mod:`attnlab.integrity`; a directory written before the digests existed has none to
+    check).
+
+    Raises:
+        FileNotFoundError: without ``model.safetensors``. ValueError: for an unreadable file.
+        CheckpointMismatchError: for tensors of another kind, or other names than ``model``'s.
+        DigestMismatchError: (a ValueError) for a config or tensors other than those saved.
+    """
+    directory = Path(path)
+    file = directory / WEIGHTS_NAME
+    tensors, metadata = _read_safetensors(file)
+    try:
+        state = with_tied_names(tensors, model)
+    except KeyError as e:
+        raise CheckpointMismatchError(f"{file} does not load into {type(model).__name__}: "
+                                      f"{e.args[0]}") from None  # fmt: skip
+    if not verify:
+        return state
+    check_weight_kinds(file, tensors, model)
+    if not is_bound(metadata):  # written before the digests existed: nothing to check
+        return state
+    config_file = directory / CONFIG_NAME
+    check_config(file, metadata, config_file, read_json(config_file, what="model config",
+                                                        expect=dict))  # fmt: skip
+    # the per-tensor CRCs are in name order: name the changed tensors only for the saved names
+    expected = set(model.state_dict())
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise CheckpointMismatchError(
+            f"{file} does not load into {type(model).__name__}: missing {missing[:8]}, "
+            f"unexpected {unexpected[:8]}"
+        )
+    check_content(file, metadata, tensors)
+    return state
+
+
+def load_weights(
+    model: nn.Module, path: str | os.PathLike[str], *, verify: bool = True
+) -> nn.Module:
+    """Load an attnlab model directory's weights into ``model`` in place, strictly, checked as
+    :func:`read_model_weights` says; returns ``model``.
+
+    Raises:
+        FileNotFoundError, ValueError, CheckpointMismatchError, DigestMismatchError: as
+        :func:`read_model_weights`, and for names or shapes ``model`` does not have.
+    """
+    state = read_model_weights(path, model, verify=verify)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise CheckpointMismatchError(
+            f"{Path(path) / WEIGHTS_NAME} does not load into {type(model).__name__}: {e}"
+        ) from None
+    return model
+
+
+def load_attnlab(
+    path: str | os.PathLike[str], *, device: torch.device | str = "cpu", verify: bool = True
+) -> nn.Module:
+    """Rebuild the attnlab model saved in ``path`` and load its weights (eval mode), checked
+    unless ``verify`` is false (:func:`read_model_weights`: dtype kinds, the config and content
+    digests of directories saved with them; older directories load as before).
 
     Raises:
         FileNotFoundError: if a file is missing. ValueError: for a bad ``config.json``, a
-        truncated or foreign weights file, or weights that the config does not describe.
+        truncated or foreign weights file, weights that the config does not describe, or (with
+        ``verify``) a config or tensors other than those saved
+        (:class:`~attnlab.integrity.DigestMismatchError`).
     """
     weights = Path(path) / WEIGHTS_NAME
     if not weights.is_file():
@@ -263,12 +395,7 @@ def load_attnlab(path: str | os.PathLike[str], *, device: torch.device | str = "
     config = load_config(path)
     check_param_count(path, config)
     model = build_model(config, device=device)
-    try:
-        load_model(model, weights, strict=True, device=str(device))
-    except (SafetensorError, RuntimeError) as e:
-        raise CheckpointMismatchError(
-            f"{weights} does not load into {type(model).__name__}: {e}"
-        ) from None
+    load_weights(model, path, verify=verify)
     return model.eval()
 
 
@@ -322,6 +449,7 @@ def from_pretrained(
     dtype: torch.dtype | None = None,
     strict: bool = True,
     allow_non_finite: bool = False,
+    verify: bool = True,
 ) -> nn.Module:
     """Load a model directory, attnlab's or Hugging Face's, as an attnlab model (eval mode).
 
@@ -339,6 +467,13 @@ def from_pretrained(
             logged instead of raised. attnlab checkpoints always load strictly.
         allow_non_finite: load parameters holding NaN or infinite values (refused by
             default, naming the tensor).
+        verify: check that the weights are what the config says (default): for every
+            directory, a floating parameter must come from a floating tensor (float16,
+            bfloat16, float64 files are cast; int and bool tensors are refused); for attnlab's
+            and quantized directories saved with digests (:mod:`attnlab.integrity`),
+            ``config.json`` and the tensor data must be those saved. Directories written
+            before the digests existed have none and load as before. ``False`` loads whatever
+            the files hold (cast), as before these checks.
 
     Raises:
         FileNotFoundError: for a missing directory, ``config.json`` or weights file.
@@ -347,14 +482,17 @@ def from_pretrained(
             that do not match (:class:`~attnlab.interop.keymap.CheckpointMismatchError`, naming
             every key and expected shape; for attnlab's format, a parameter count in the
             safetensors header other than the config's, checked before the model is built;
-            a ``dtype`` for a quantized model directory).
+            a ``dtype`` for a quantized model directory; int or bool tensors for floating
+            parameters).
+        DigestMismatchError: (a ValueError) for a ``config.json`` edited after saving, or
+            tensor data changed in place (naming the fields or tensors; ``verify=False``).
         NonFiniteWeightsError: (a ValueError) for parameters holding NaN or inf values.
     """
     path = resolve_directory(path)
     if is_quantized_dir(path):  # attnlab's format + quantization.json
         if dtype is not None:
             raise ValueError(f"{path} holds a quantized model; dtype={dtype} cannot convert it")
-        model = load_quantized(path, device=device)
+        model = load_quantized(path, device=device, verify=verify)
         if not allow_non_finite:
             check_finite_parameters(model, path)
         return model
@@ -367,9 +505,10 @@ def from_pretrained(
             f"({', '.join(HF_FAMILIES.keys())})"
         )
     if not is_attnlab_config(data):
-        model = load_hf(path, device=device, strict=strict, before_build=check_claimed_size)
+        model = load_hf(path, device=device, strict=strict, before_build=check_claimed_size,
+                        verify=verify)  # fmt: skip
     else:
-        model = load_attnlab(path, device=device)
+        model = load_attnlab(path, device=device, verify=verify)
     if not allow_non_finite:
         check_finite_parameters(model, path)
     return model.to(dtype) if dtype is not None else model
@@ -422,12 +561,16 @@ __all__ = [
     "BUFFER_SUFFIXES",
     "CONFIG_NAME",
     "WEIGHTS_NAME",
+    "DigestMismatchError",
     "attach_methods",
     "check_param_count",
+    "check_weight_kinds",
     "from_pretrained",
     "is_attnlab_config",
     "load_attnlab",
     "load_config",
+    "load_weights",
+    "read_model_weights",
     "safetensors_numel",
     "save_pretrained",
     "tied_parameter_names",

@@ -4,13 +4,20 @@ This is what sentence-transformers models such as all-MiniLM-L6-v2 prescribe (a 
 "mean pooling" over the attention mask, then "normalize"); the cosine similarity of two
 embeddings is then their dot product.
 
+A checkpoint directory's ``tokenizer.json`` may be a ``tokenizers``-library file or attnlab's
+character tokenizer (a ``shakespeare-char`` run: a character-level GPT embeds too). Texts longer
+than the model (or ``max_length``, or the tokenizer file's truncation) allow are embedded from
+their first tokens, and a logged warning says how many were cut and to what length.
+
 Shapes: B sentences, T tokens, E d_model.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,6 +28,10 @@ from attnlab.models.family import Kind, find_family
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
+
+    from attnlab.tokenizers import CharTokenizer
+
+logger = logging.getLogger(__name__)
 
 
 def mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
@@ -52,7 +63,7 @@ def embed(
     texts: str | Sequence[str],
     model: str | os.PathLike[str] | nn.Module,
     *,
-    tokenizer: Tokenizer | None = None,
+    tokenizer: Tokenizer | CharTokenizer | None = None,
     batch_size: int = 32,
     normalize: bool = True,
     max_length: int | None = None,
@@ -62,14 +73,16 @@ def embed(
     Args:
         texts: one sentence or a list of them.
         model: a checkpoint directory (loaded with :func:`attnlab.from_pretrained`, its
-            ``tokenizer.json`` with :func:`~attnlab.interop.tokenizer.load_tokenizer`), or a
-            loaded BERT/GPT model, then with ``tokenizer``. Load once and pass the model when
-            embedding repeatedly.
-        tokenizer: a ``tokenizers.Tokenizer`` (required with a model object).
+            ``tokenizer.json`` with :func:`~attnlab.interop.tokenizer.load_tokenizer`, or
+            attnlab's character tokenizer), or a loaded BERT/GPT model, then with
+            ``tokenizer``. Load once and pass the model when embedding repeatedly.
+        tokenizer: a ``tokenizers.Tokenizer`` or attnlab's
+            :class:`~attnlab.tokenizers.CharTokenizer` (required with a model object).
         batch_size: sentences per forward pass.
         normalize: L2-normalise each embedding (cosine similarity = dot product).
         max_length: truncate longer inputs (default: ``sentence_bert_config.json``'s
-            ``max_seq_length`` for a directory, and at most the model's ``max_seq_len``).
+            ``max_seq_length`` for a directory, and at most the model's ``max_seq_len``); a
+            warning is logged when a text is cut, with its length and the kept length.
 
     Shapes:
         returns ``(B, E)`` float, on the model's device (``(E,)`` for a single string).
@@ -78,7 +91,7 @@ def embed(
         ValueError: for a model object without a tokenizer or ``batch_size < 1``.
         TypeError: for a model that is neither BERT nor GPT.
     """
-    from attnlab.interop.tokenizer import load_tokenizer, sentence_max_length
+    from attnlab.interop.tokenizer import sentence_max_length
     from attnlab.pretrained import from_pretrained
 
     if batch_size < 1:
@@ -86,7 +99,7 @@ def embed(
     if isinstance(model, (str, os.PathLike)):
         directory = model
         model = from_pretrained(directory)
-        tokenizer = tokenizer or load_tokenizer(directory)
+        tokenizer = tokenizer or load_embed_tokenizer(directory)
         max_length = max_length or sentence_max_length(directory)
     if tokenizer is None:
         raise ValueError("pass the tokenizer that goes with the model (see load_tokenizer)")
@@ -101,10 +114,11 @@ def embed(
     was_training = model.training
     model.eval()
     out = []
+    cut: list[tuple[int, int]] = []  # (tokens, tokens kept) of each text cut
     try:
         for start in range(0, len(batch), batch_size):
-            encodings = tokenizer.encode_batch(batch[start : start + batch_size])
-            rows = [(e.ids[:max_length], e.type_ids[:max_length]) for e in encodings]
+            texts = batch[start : start + batch_size]
+            rows = _encode(tokenizer, texts, max_length, cut)
             T = max(len(ids) for ids, _ in rows)
             ids = torch.full((len(rows), T), pad, dtype=torch.long)  # (B, T)
             type_ids = torch.zeros_like(ids)  # (B, T)
@@ -118,8 +132,62 @@ def embed(
             out.append(F.normalize(pooled, p=2, dim=-1) if normalize else pooled)
     finally:
         model.train(was_training)
+    if cut:
+        longest = max(cut)
+        logger.warning(
+            "embed: %d of %d texts were cut to the tokens the model takes (the longest from %d "
+            "to %d tokens): their embeddings cover their beginnings only",
+            len(cut), len(batch), *longest,
+        )  # fmt: skip
     result = torch.cat(out) if out else torch.empty(0)
     return result[0] if single else result
 
 
-__all__ = ["embed", "mean_pool"]
+def load_embed_tokenizer(path: str | os.PathLike[str]) -> Tokenizer | CharTokenizer:
+    """The tokenizer :func:`embed` reads from ``path`` (a ``tokenizer.json``, or a directory
+    holding one): attnlab's character tokenizer as it is, else the ``tokenizers``-library file
+    (:func:`~attnlab.interop.tokenizer.load_tokenizer`, padding off).
+
+    Raises:
+        FileNotFoundError: without the file. ValueError: for a damaged (or newer attnlab's)
+            file, naming it. ImportError: for a library file without ``tokenizers``.
+    """
+    from attnlab.interop.tokenizer import load_tokenizer
+    from attnlab.tokenizers import TOKENIZER_NAME, CharTokenizer
+    from attnlab.tokenizers import load_tokenizer as load_any
+
+    file = Path(path)
+    if file.is_dir():
+        file = file / TOKENIZER_NAME
+    if file.is_file():
+        tok = load_any(file)  # either format
+        if isinstance(tok, CharTokenizer):
+            return tok
+    return load_tokenizer(path)
+
+
+def _encode(
+    tokenizer: Any, texts: list[str], max_length: int | None, cut: list[tuple[int, int]]
+) -> list[tuple[list[int], list[int]]]:
+    """``(ids, type ids)`` of each text, at most ``max_length`` tokens; ``(full length, kept
+    length)`` of each text that loses tokens (here, or to the tokenizer file's own truncation)
+    goes in ``cut``."""
+    from attnlab.tokenizers import CharTokenizer
+
+    if isinstance(tokenizer, CharTokenizer):
+        encoded = [tokenizer.encode(t) for t in texts]
+        full = [len(ids) for ids in encoded]
+        rows = [(ids[:max_length], [0] * len(ids[:max_length])) for ids in encoded]
+    else:
+        encodings = tokenizer.encode_batch(texts)
+        full = [len(e.ids) for e in encodings]
+        if any(e.overflowing for e in encodings):  # the file truncates: count what it dropped
+            from attnlab.interop.tokenizer import untruncated_lengths
+
+            full = untruncated_lengths(tokenizer, texts)
+        rows = [(e.ids[:max_length], e.type_ids[:max_length]) for e in encodings]
+    cut.extend((n, len(ids)) for n, (ids, _) in zip(full, rows, strict=True) if n > len(ids))
+    return rows
+
+
+__all__ = ["embed", "load_embed_tokenizer", "mean_pool"]

@@ -8,7 +8,10 @@ attnlab 0.1 wrote ``"type": "char"``, also read), and any file of the Hugging Fa
 ``tokenizers`` library (a recipe's BPE, the translation recipe's joint BPE, a real checkpoint's
 WordPiece or BPE), wrapped in :class:`LibraryTokenizer`. The two formats share the file name;
 the ``format`` field (or the library's ``model`` key) tells them apart, and a file that is
-neither is refused with a message naming it.
+neither is refused with a message naming it. attnlab's own files carry a ``version``
+(:data:`CHAR_VERSION`; 0.1's have none and are version 1): a newer attnlab's file, or an attnlab
+format this release does not know, is refused (:func:`attnlab.io.check_version`); a library file
+is read by the library, whatever its own ``version``.
 
 Special tokens (``[PAD]``, ``[CLS]``, ``[SEP]``, ``[MASK]`` for the masked LM) come first, so
 their ids are small and stable; a character tokenizer without specials maps the sorted distinct
@@ -27,6 +30,7 @@ BERT_SPECIALS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
 
 
 CHAR_FORMAT = "attnlab-char-tokenizer"
+CHAR_VERSION = 1
 TOKENIZER_NAME = "tokenizer.json"
 
 
@@ -110,7 +114,8 @@ class CharTokenizer:
         """Write the tokenizer as JSON to ``path`` (atomically: temporary file, fsync, rename)."""
         from attnlab.io import atomic_write_text
 
-        data = {"format": CHAR_FORMAT, "version": 1, "chars": self.chars, "specials": self.specials}
+        data = {"format": CHAR_FORMAT, "version": CHAR_VERSION, "chars": self.chars,
+                "specials": self.specials}  # fmt: skip
         atomic_write_text(path, json.dumps(data, ensure_ascii=False) + "\n")
 
 
@@ -195,15 +200,21 @@ def load_tokenizer(path: str | os.PathLike[str]) -> CharTokenizer | LibraryToken
     Raises:
         FileNotFoundError: if there is no such file. ImportError: for a library file without
         the ``tokenizers`` package (the message says how to install it). ValueError: for a file
-        that is neither format, or a damaged one (naming it).
+        that is neither format, or a damaged one (naming it); ``attnlab.io.FormatError`` for
+        an attnlab format this release does not know, ``NewerVersionError`` for a newer
+        attnlab's file (naming both versions).
     """
-    from attnlab.io import read_json
+    from attnlab.io import check_version, read_json
 
     file = Path(path)
     if file.is_dir():
         file = file / TOKENIZER_NAME
     data = read_json(file, what="tokenizer file")
-    if isinstance(data, dict) and (data.get("format") == CHAR_FORMAT or data.get("type") == "char"):
+    fmt = data.get("format") if isinstance(data, dict) else None
+    if isinstance(fmt, str) and fmt.startswith("attnlab"):  # attnlab's own: a format it knows
+        check_version(file, data, format=CHAR_FORMAT, version=CHAR_VERSION,
+                      what="an attnlab tokenizer this release reads")  # fmt: skip
+    if isinstance(data, dict) and (fmt == CHAR_FORMAT or data.get("type") == "char"):
         chars, specials = data.get("chars"), data.get("specials", [])
         if not isinstance(chars, list) or not isinstance(specials, list):
             raise ValueError(f"{file}: a character tokenizer needs lists 'chars' and 'specials'")
@@ -229,6 +240,7 @@ def load_tokenizer(path: str | os.PathLike[str]) -> CharTokenizer | LibraryToken
 __all__ = [
     "BERT_SPECIALS",
     "CHAR_FORMAT",
+    "CHAR_VERSION",
     "TOKENIZER_NAME",
     "BPETokenizer",
     "CharTokenizer",

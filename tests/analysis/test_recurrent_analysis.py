@@ -140,7 +140,9 @@ def test_memory_checks_of_training_and_generation() -> None:
     with pytest.raises(ValueError, match="pass seq_len"):
         estimate_training(config, batch=12)
     g = estimate_generation(config, batch=2, prompt_len=10, max_new_tokens=1000, num_beams=2)
-    assert g is not None and set(g.parts) == {"weights", "state", "prefill"}
+    assert g is not None and set(g.parts) == {"weights", "state", "prefill", "token_buffers",
+                                              "step_logits", "beam_candidates"}  # fmt: skip
+    assert g.parts["token_buffers"] == 2 * 4 * (10 + 1000) * 8  # ids (B·K, P + N), reordered
     assert g.parts["state"] == recurrent_state_bytes(config, batch=4)  # beams: 2 x 2 rows
     longer = estimate_generation(config, batch=2, prompt_len=10, max_new_tokens=10**6)
     assert longer is not None and longer.parts["state"] == recurrent_state_bytes(config, batch=2)

@@ -97,9 +97,15 @@ def _exit_code(argv: list[str]) -> int:
         ([], "required: COMMAND"),
     ],
 )
+@pytest.mark.parametrize("occupied", [False, True], ids=["empty", "runs-reverse-exists"])
 def test_bad_flags_exit_2_with_a_message(
-    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    argv: list[str], message: str, occupied: bool, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The mistake in the flags is reported, also where the default run directory already holds
+    a run (as after the README's main job): flags are checked before the file system."""
+    if occupied:  # the working directory is the test's own (tests/conftest.py)
+        Path("runs/reverse").mkdir(parents=True)
+        Path("runs/reverse/run.json").write_text("{}")
     assert _exit_code(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err

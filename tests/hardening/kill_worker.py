@@ -4,7 +4,7 @@ Started once as ``python kill_worker.py``, it imports torch and attnlab (the slo
 a run) and then serves one JSON request per stdin line::
 
     {"argv": [...], "log": PATH, "root": RUN_DIR, "kill_at": K or null, "only": TEXT or null,
-     "cpu_kill_after": SECONDS or null, "events": PATH or null}
+     "cpu_kill_after": SECONDS or null, "events": PATH or null, "stop_at": K or null}
 
 For each it forks a child that runs ``attnlab.cli.main(argv)`` with stdout/stderr in ``log``,
 answers ``{"pid": PID}``, waits for the child and answers ``{"status": WAIT_STATUS, "cpu_s":
@@ -23,7 +23,9 @@ under ``root`` (those whose path relative to ``root`` contains ``only``, when gi
 ``Path.write_text`` (a non-atomic write). At the ``kill_at``-th one it SIGKILLs itself; a
 ``write_text`` kill writes half of the text first (a write torn by the kill). ``events`` receives
 the list of the operations the child counted (when it is not killed), so the test knows how many
-kill points a run has.
+kill points a run has. With ``stop_at`` the child instead stops itself (``SIGSTOP``) at that
+operation: a run held still in the middle, owning its run directory, while the test tries a
+second writer on it (and then ends it with SIGKILL).
 Nothing here changes what the run computes.
 """
 
@@ -50,8 +52,11 @@ _replace, _fsync, _write_text = os.replace, os.fsync, pathlib.Path.write_text
 class KillSwitch:
     """Counts file operations under ``root`` and SIGKILLs the process at the ``kill_at``-th."""
 
-    def __init__(self, root: str, kill_at: int | None, only: str | None) -> None:
+    def __init__(
+        self, root: str, kill_at: int | None, only: str | None, stop_at: int | None = None
+    ) -> None:
         self.root, self.kill_at, self.only = os.path.realpath(root), kill_at, only
+        self.stop_at = stop_at
         self.events: list[str] = []
 
     def event(self, kind: str, path: str, before_kill: Callable[[], None] | None = None) -> None:
@@ -62,6 +67,8 @@ class KillSwitch:
         if self.only is not None and self.only not in name:
             return
         self.events.append(f"{kind} {name}")
+        if len(self.events) == self.stop_at:  # held still here until the test ends it
+            os.kill(os.getpid(), signal.SIGSTOP)
         if len(self.events) == self.kill_at:
             if before_kill is not None:
                 before_kill()
@@ -96,7 +103,9 @@ def child(request: dict[str, Any]) -> int:
     log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
-    switch = KillSwitch(request["root"], request.get("kill_at"), request.get("only"))
+    switch = KillSwitch(
+        request["root"], request.get("kill_at"), request.get("only"), request.get("stop_at")
+    )
     switch.install()
     if request.get("cpu_kill_after") is not None:
         signal.signal(signal.SIGPROF, signal.SIG_DFL)  # the default action: terminate at once

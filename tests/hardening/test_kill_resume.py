@@ -23,6 +23,12 @@ one). After the resume, the final weights equal the uninterrupted run's bitwise,
 ``metrics.jsonl`` holds the same records (nothing lost, nothing twice), and no temporary file of
 an interrupted write is left in the run directory (a resume removes them).
 
+A second writer (issue 49): while a run is held still in the middle of its session (owning its
+directory), ``attnlab train`` on the same directory, fresh, ``--overwrite`` or ``--resume``, is
+refused at once with exit status 2 and one error line naming the directory and the owner's PID,
+and changes no byte there; the owner is then SIGKILLed, and the resume that follows takes the
+directory (the kernel released the lock: no stale lock) and ends equal to the uninterrupted run.
+
 A failing check names the trial's kills, the exit status and the whole output of the run.
 
 Runs are forked from a server process that has already imported torch (``kill_worker.py``), so
@@ -33,6 +39,7 @@ that a forked run trains exactly like a fresh interpreter.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -42,6 +49,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +58,7 @@ from typing import Any
 import pytest
 import torch
 
+from attnlab.cli import main
 from attnlab.io import atomic_write_text, remove_stale_temp_files
 from attnlab.pretrained import load_attnlab
 from attnlab.training.rundir import latest_checkpoint
@@ -136,15 +145,23 @@ class Worker:
 
     def run(self, request: dict[str, Any]) -> Outcome:
         """Run a command (see ``kill_worker.py``) to its end; returns how it ended."""
+        return self.finish(request, self.start(request))
+
+    def start(self, request: dict[str, Any]) -> int:
+        """Start a command; returns its process id (:meth:`finish` waits for it)."""
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         started = self._answer(60.0)
         assert started is not None and "pid" in started, started
+        return int(started["pid"])
+
+    def finish(self, request: dict[str, Any], pid: int) -> Outcome:
+        """Wait for the command :meth:`start` started; returns how it ended."""
         answer = self._answer(RUN_TIMEOUT)
         if answer is None:  # hung: end it, so that the worker serves the next request
             with contextlib.suppress(ProcessLookupError):
-                os.kill(started["pid"], signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             self._answer(30.0)
             raise AssertionError(f"the run did not end within {RUN_TIMEOUT:.0f} s:\n"
                                  f"{_log(request)}")  # fmt: skip
@@ -451,3 +468,70 @@ def test_kills_with_broken_pointers_and_damaged_steps_between_them(
     assert metrics(run_dir) == metrics(setup.reference), history
     assert stale_temp_files(run_dir) == [], history
     print(f"damage trial {trial}: {'; '.join(history)}")
+
+
+def digest(directory: Path) -> dict[str, str]:
+    """Every file under ``directory``: its relative name -> the SHA-256 of its bytes."""
+    return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file()}  # fmt: skip
+
+
+def wait_stopped(pid: int) -> None:
+    """Wait until the process ``pid`` has stopped itself (``SIGSTOP``: state T)."""
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while time.monotonic() < deadline:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        if state in ("T", "t"):
+            return
+        assert state not in ("Z", "X"), f"the run {pid} ended instead of stopping"
+        time.sleep(0.01)
+    raise AssertionError(f"the run {pid} did not stop within {RUN_TIMEOUT:.0f} s")
+
+
+@pytest.mark.parametrize("where", ["start", "step 4"])
+def test_a_second_writer_is_refused_and_a_killed_owner_leaves_no_stale_lock(
+    setup: Setup, where: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run held still (``SIGSTOP``) at its first file operation (nothing of the run written
+    yet: before issue 49 a second fresh run went ahead) or just after its checkpoint of step 4
+    owns its directory: a second ``attnlab train`` there (fresh, ``--overwrite``, ``--resume``)
+    exits 2 with one error line naming the directory and the owner's PID, and no byte of the
+    directory changes. The owner is SIGKILLed; the resume takes the directory (no stale lock),
+    ends equal to the uninterrupted run and leaves no lock file."""
+    run_dir = setup.tmp / "runs" / f"owned-{where.replace(' ', '')}"
+    moves = [i for i, e in enumerate(setup.events) if e == "replace-after checkpoints/latest"]
+    stop_at = 1 if where == "start" else moves[1] + 2
+    owner = request(setup, run_dir, setup.tmp / f"{run_dir.name}-0.log", stop_at=stop_at)
+    pid = setup.worker.start(owner)
+    try:
+        wait_stopped(pid)
+        before = digest(run_dir)
+        for extra in (["--resume"], ["--overwrite"], []):
+            started = time.monotonic()
+            code = main(argv(setup, run_dir, *extra))
+            seconds = time.monotonic() - started
+            err = [
+                line
+                for line in capsys.readouterr().err.splitlines()
+                if line.strip() and not line.startswith("attnlab: note:")
+            ]  # ARGS' spelling
+            assert code == 2 and len(err) == 1, f"a second writer {extra}: exit {code}, {err}"
+            assert err[0].startswith("attnlab train shakespeare-char: error: "), err
+            assert f"{run_dir} is owned by another process (pid {pid})" in err[0], err
+            assert digest(run_dir) == before, f"a second writer {extra} changed the directory"
+            assert seconds < 5, f"a second writer {extra} was refused after {seconds:.1f} s"
+        assert (run_dir / ".lock").read_text().strip() == str(pid)  # the owner's PID, as named
+    finally:
+        os.kill(pid, signal.SIGKILL)  # a stopped process dies of it too
+        out = setup.worker.finish(owner, pid)
+    assert out.killed, f"the owner {out}"
+    step = check_checkpoints(run_dir)
+    assert step == (0 if where == "start" else 4), step
+    log = setup.tmp / f"{run_dir.name}-1.log"
+    out = setup.worker.run(request(setup, run_dir, log, "--resume"))
+    assert out.ok, f"the resume after the owner's kill {out}"
+    reference = weights(setup.reference)
+    for key, value in weights(run_dir).items():
+        assert torch.equal(value, reference[key]), key
+    assert metrics(run_dir) == metrics(setup.reference)
+    assert stale_temp_files(run_dir) == [] and not (run_dir / ".lock").exists()

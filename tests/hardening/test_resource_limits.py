@@ -150,7 +150,8 @@ def test_generation_estimate_counts_weights_cache_and_prefill() -> None:
     assert e is not None
     assert e.parts["weights"] == 4 * count_params(TINY_GPT)
     assert e.parts["kv_cache"] == kv_cache_bytes(TINY_GPT, 8, batch=4)
-    assert e.parts["prefill"] == 4 * (2 * 5 * 50 + 2 * 2 * 2 * 5 * 5)  # logits + one layer
+    # the last position's logits (what the session computes) + one layer's scores and probs
+    assert e.parts["prefill"] == 4 * (2 * 50 + 2 * 2 * 2 * 5 * 5)
     assert e.parts["decode_copies"] == 4 * copied > 0
     gpu = mc.estimate_generation(TINY_GPT, batch=2, prompt_len=5, max_new_tokens=3)
     assert gpu is not None and "decode_copies" not in gpu.parts

@@ -74,11 +74,11 @@ def test_failed_weights_write_keeps_the_old_checkpoint(
     save_pretrained(_model(), tmp_path)
     before = _snapshot(tmp_path)
 
-    def broken_save(model: torch.nn.Module, filename: str) -> None:
+    def broken_save(tensors: object, filename: str, metadata: object = None) -> None:
         Path(filename).write_bytes(b"partial")  # half-written, then the disk "fails"
         raise OSError("disk full")
 
-    monkeypatch.setattr(checkpoint, "save_model", broken_save)
+    monkeypatch.setattr(checkpoint, "save_file", broken_save)
     other = _model(d_ff=48)
     with pytest.raises(OSError, match="disk full"):
         save_pretrained(other, tmp_path)

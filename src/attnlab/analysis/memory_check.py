@@ -12,12 +12,18 @@ larger, exits with status 2 and a message naming both figures; ``--ignore-memory
   everything) and with its activation checkpointing (a checkpointed block keeps its input only).
   On a CUDA device the figure is compared with that device's free memory.
 - Generation (:func:`estimate_generation`): the weights, a KV cache of ``prompt + new`` positions
-  for every sequence (beams included), the prefill's transient tensors (the logits of every
-  prompt position and one layer's attention scores and probabilities) and the weight copies
-  the fused decode engine holds during the call when the caller counts them (fp32 on the CPU:
+  for every sequence (beams included; fewer under a sliding window), the prefill's transient
+  tensors (logits and one layer's attention scores and probabilities), the token buffers a
+  session preallocates (``(rows, prompt + new)`` ids, key mask and positions), the ``(rows, V)``
+  tensors every step holds (beam search: seven, ``topk``'s working copy included), beam
+  search's hypotheses and candidates ``(B, K, N)``, and the weight copies the fused decode
+  engine holds during the call when the caller counts them (fp32 on the CPU:
   :func:`attnlab.transforms.decode_weights.copy_numel`). A recurrent model (Mamba, LSTM/GRU)
   keeps its constant-size state instead of the cache; its prefill holds the prompt's logits and
   one layer's scan tensors (Mamba: Ā, B̄x and the states, ``(B, P, E, N)`` float32 each).
+  :func:`estimate_speculative` adds a draft's cache and a verification round's logits. The
+  Python API (:func:`attnlab.generate` and the other decoding calls) checks the same estimate,
+  less the weights it already holds, before allocating (``GenerationConfig.memory_check``).
 
 The estimates are lower bounds (the allocator, the framework and the data add their own), so a
 run that passes can still come close to the limit; one that fails cannot fit.
@@ -123,79 +129,192 @@ def estimate_generation(
     prompt_len: int,
     max_new_tokens: int,
     num_beams: int = 1,
-    dtype: str = "float32",
+    num_return_sequences: int = 1,
+    dtype: str | int = "float32",
     decode_copy_numel: int = 0,
     weight_bytes: int | None = None,
+    cache_len: int | None = None,
+    recompute_len: int = 0,
+    n_eos: int = 1,
+    sampling: bool = False,
 ) -> MemoryEstimate | None:
     """Memory of generating ``max_new_tokens`` after ``batch`` prompts of ``prompt_len`` tokens
-    (``num_beams`` sequences each); ``None`` for a config that does not generate.
-    ``decode_copy_numel``: elements of the weight copies the fused decode engine holds during
-    the call (fp32 on the CPU; see :func:`attnlab.transforms.decode_weights.copy_numel`),
-    counted as ``decode_copies``.
-    ``weight_bytes``: the weights' bytes when they are not the parameter count times the
-    dtype's size (a quantized model: :func:`attnlab.transforms.quantized_footprint`).
+    (``num_beams > 1``: beam search of that many beams; else ``num_return_sequences`` rows per
+    prompt); ``None`` for a config that does not generate. What the decoding loops allocate
+    (:mod:`attnlab.generation`), part by part:
+
+    - ``weights``; ``decode_copies``: the fused engine's weight copies, ``decode_copy_numel``
+      elements (fp32 on the CPU; :func:`attnlab.transforms.decode_weights.copy_numel`);
+    - ``kv_cache``: ``cache_len`` positions per row (default ``prompt_len + max_new_tokens``;
+      an encoder-decoder's decoder ``max_new_tokens``, and its source's cross-attention keys;
+      ``0``: no cache, e.g. ``use_cache=False`` or a prompt longer than a sliding window), or
+      a recurrent model's ``state``;
+    - ``prefill``: the prompt's logits (a causal LM's session projects the last position
+      only; a recurrent model's forward all of them) and one layer's attention scores and
+      probabilities (plus the family's own prefill tensors, e.g. Mamba's scan); ``recompute``:
+      one layer's scores and probabilities of a step that reruns ``recompute_len`` positions
+      without the cache (a sliding window, ``use_cache=False``); ``encoder_memory``: an
+      encoder-decoder's encoder output, repeated for every row;
+    - ``token_buffers``: the ``(rows, prompt_len + max_new_tokens)`` token ids, key mask and
+      positions a session preallocates (twice for beam search: every step reorders them);
+    - ``step_logits``: the ``(rows, V)`` float32 tensors alive during a step: the logits
+      beside the previous step's (greedy: 1 more than the prefill's); sampling: the processed
+      scores and the probabilities too (4); beam search: the logits, log-probabilities, summed
+      scores and ``topk``'s working copy of them (values with int64 indices: 4 more; 7 in
+      all; measured: peaks 1.0-1.8x the estimate on a tiny model, 1.0x where these dominate);
+    - ``beam_candidates``: beam search's ``(B, K, N)`` running and finished hypotheses, its
+      ``(B, C, N)`` candidates with ``C = (1 + max(1, n_eos))·K`` and their concatenation with
+      the finished ones, all alive at once while they merge, plus one layer's keys reordered.
+
+    Args:
+        dtype: the weights' and cache's dtype (a name or bytes per element).
+        weight_bytes: the weights' bytes when they are not the parameter count times the
+            dtype's size (a quantized model: :func:`attnlab.transforms.quantized_footprint`).
+        n_eos: stop ids (beam search examines ``1 + n_eos`` candidates per beam).
+        sampling: the call samples (one more ``(rows, V)`` tensor: the probabilities).
 
     Raises:
-        ValueError: for non-positive sizes or an unknown ``dtype``.
+        ValueError: for non-positive sizes, negative lengths or an unknown ``dtype``.
     """
     family = None if isinstance(config, type) else find_family(config)
     kind = family.kind if family is not None else None
     if family is None or family.costs is None or kind is None or not kind.generates:
         return None
-    recurrent = kind is Kind.RECURRENT_LM
-    for name, value in (("batch", batch), ("prompt_len", prompt_len), ("num_beams", num_beams)):
-        if value < 1:
-            raise ValueError(f"{name} must be positive, got {value}")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    rows, a = batch * num_beams, dtype_bytes(dtype)
-    if recurrent:
-        return _recurrent_generation(
-            config, batch=batch, rows=rows, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
-            dtype=dtype, decode_copy_numel=decode_copy_numel,
-        )  # fmt: skip
-    if kind is Kind.CAUSAL_LM:  # prompt and new tokens share one cache
-        context, src = prompt_len + max_new_tokens, None
-        logits = batch * prompt_len * config.vocab_size * FP32  # the prefill's logits
-    else:  # the decoder caches its tokens (from BOS) and the source's cross-attention keys/values
-        context, src = max(max_new_tokens, 1), prompt_len
-        logits = batch * config.target_vocab_size * FP32  # one step's logits
-    kv = kv_cache_bytes(config, context, batch=rows, src_len=src, dtype=dtype)
-    scores = 2 * batch * config.n_heads * prompt_len**2 * max(a, FP32)  # one layer, prefill
-    what = (
-        f"generating with {type(config).__name__} ({dtype}, {rows} sequence{'s' * (rows > 1)} "
-        f"of {prompt_len} + {max_new_tokens} tokens)"
-    )
-    weights = count_params(config) * a if weight_bytes is None else weight_bytes
-    parts = {"weights": weights, "kv_cache": kv, "prefill": logits + scores}
-    if decode_copy_numel:
-        parts["decode_copies"] = decode_copy_numel * a
-    return MemoryEstimate(what, parts)
-
-
-def _recurrent_generation(
-    config: Any, *, batch: int, rows: int, prompt_len: int, max_new_tokens: int, dtype: str,
-    decode_copy_numel: int,
-) -> MemoryEstimate:  # fmt: skip
-    """:func:`estimate_generation` for a model that decodes with a constant-size state."""
+    # one comparison each on the way (this runs in every decoding call), the names on a failure
+    if min(batch, prompt_len, num_beams, num_return_sequences) < 1:
+        _refuse_below(1, batch=batch, prompt_len=prompt_len, num_beams=num_beams,
+                      num_return_sequences=num_return_sequences)  # fmt: skip
+    if min(max_new_tokens, recompute_len, cache_len or 0, n_eos) < 0:
+        _refuse_below(0, max_new_tokens=max_new_tokens, recompute_len=recompute_len,
+                      cache_len=cache_len or 0, n_eos=n_eos)  # fmt: skip
+    beams = num_beams > 1
+    rows = batch * (num_beams if beams else num_return_sequences)
     a = dtype_bytes(dtype)
-    prefill = batch * prompt_len * config.vocab_size * FP32  # the prompt's logits
-    family = find_family(config)
-    costs = family.costs if family is not None else None
-    if costs is not None and costs.prefill_bytes is not None:  # e.g. Mamba's scan tensors
-        prefill += costs.prefill_bytes(config, batch, prompt_len)
-    what = (
-        f"generating with {type(config).__name__} ({dtype}, {rows} sequence{'s' * (rows > 1)} "
-        f"of {prompt_len} + {max_new_tokens} tokens)"
-    )
-    parts = {
-        "weights": count_params(config) * a,
-        "state": recurrent_state_bytes(config, batch=rows, dtype=dtype),
-        "prefill": prefill,
-    }
+    B, P, N = batch, prompt_len, max_new_tokens
+    parts: dict[str, int] = {}
+    if kind is Kind.RECURRENT_LM:
+        parts["weights"] = count_params(config) * a if weight_bytes is None else weight_bytes
+        parts["state"] = recurrent_state_bytes(config, batch=rows, dtype=dtype)
+        prefill = B * P * config.vocab_size * FP32  # the prompt's logits
+        if family.costs.prefill_bytes is not None:  # e.g. Mamba's scan tensors
+            prefill += family.costs.prefill_bytes(config, B, P)
+        parts["prefill"] = prefill
+        vocab, columns, per_column, layer_kv = config.vocab_size, P + N, 8, 0
+    else:
+        seq2seq = kind is not Kind.CAUSAL_LM
+        if seq2seq:  # the decoder caches its tokens (from BOS) and the source's keys/values
+            default, src = max(N, 1), P
+            vocab = config.target_vocab_size
+            logits = B * vocab * FP32  # one step's logits
+            columns, per_column = max(N, 1), 8  # the target ids
+        else:  # prompt and new tokens share one cache
+            default, src = P + N, None
+            vocab = config.vocab_size
+            logits = B * vocab * FP32  # the prefill's logits: the session reads the last column
+            columns, per_column = P + N, 17  # ids and positions (int64), the key mask (bool)
+        positions = default if cache_len is None else cache_len
+        shape = family.costs.kv_cache(config) if family.costs.kv_cache is not None else None
+        layer_kv = rows * positions * shape.width * a if shape is not None else 0  # one k
+        # kv_cache_bytes' formula, on the shape already read (this runs in every decoding call)
+        kv = 2 * shape.layers * layer_kv if shape is not None else 0
+        if shape is not None and shape.cross and positions:
+            kv += 2 * shape.layers * rows * src * shape.width * a  # the source's keys/values
+        parts["weights"] = count_params(config) * a if weight_bytes is None else weight_bytes
+        parts["kv_cache"] = kv
+        scores = 2 * B * config.n_heads * P**2 * max(a, FP32)  # one layer, prefill
+        parts["prefill"] = logits + scores
+        if recompute_len:
+            parts["recompute"] = 2 * rows * config.n_heads * recompute_len**2 * max(a, FP32)
+        if seq2seq:
+            parts["encoder_memory"] = (B + (rows if rows > B else 0)) * P * config.d_model * a
+    # the buffers every step writes into; beam search reorders them (old and new alive)
+    copies = 2 * rows if beams else rows + (B if rows > B else 0)
+    parts["token_buffers"] = copies * columns * per_column
+    # greedy: the step's logits beside the previous step's (the first are the prefill's)
+    parts["step_logits"] = rows * vocab * FP32 * (7 if beams else 4 if sampling else 1)
+    if beams:
+        K = num_beams
+        C = min((1 + max(1, n_eos)) * K, K * vocab)
+        parts["beam_candidates"] = B * N * 8 * (4 * K + 2 * C) + layer_kv
     if decode_copy_numel:
         parts["decode_copies"] = decode_copy_numel * a
+    how = f", {num_beams} beams per prompt" if beams else ""
+    what = (
+        f"generating with {type(config).__name__} ({_dtype_name(dtype)}, {rows} "
+        f"sequence{'s' * (rows > 1)} of {P} + {N} tokens{how})"
+    )
     return MemoryEstimate(what, parts)
+
+
+def estimate_speculative(
+    config: Any,
+    draft_config: Any,
+    *,
+    batch: int,
+    prompt_len: int,
+    max_new_tokens: int,
+    num_draft_tokens: int,
+    num_return_sequences: int = 1,
+    dtype: str | int = "float32",
+    decode_copy_numel: int = 0,
+    weight_bytes: int | None = None,
+    padded: bool = True,
+    sampling: bool = False,
+) -> MemoryEstimate | None:
+    """Memory of speculative decoding (:mod:`attnlab.generation.speculative`): the target's
+    :func:`estimate_generation` (without its session's buffers) plus the draft's KV cache, the
+    shared ``(rows, prompt_len + max_new_tokens)`` token columns (ids; key mask and positions
+    when ``padded``) and a round's ``(rows, k + 1, V)`` logits (sampling: scores and
+    probabilities too, and the draft's ``(rows, k, V)`` distributions). The target's weights
+    are counted, the draft's are not (the command line checks the draft's directory apart).
+
+    Raises:
+        ValueError: as :func:`estimate_generation`, and for ``num_draft_tokens < 1``.
+    """
+    if num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens must be positive, got {num_draft_tokens}")
+    k = num_draft_tokens
+    rows = batch * num_return_sequences
+    total = prompt_len + max_new_tokens
+    target = estimate_generation(
+        config, batch=rows, prompt_len=prompt_len, max_new_tokens=max_new_tokens, dtype=dtype,
+        decode_copy_numel=decode_copy_numel, weight_bytes=weight_bytes,
+        cache_len=min(total, config.max_seq_len), sampling=sampling,
+    )  # fmt: skip
+    if target is None:
+        return None
+    parts = dict(target.parts)
+    del parts["token_buffers"], parts["step_logits"]
+    # the verifier's first forward projects every prompt column (and the first proposals)
+    parts["prefill"] += rows * (prompt_len + k) * config.vocab_size * FP32
+    draft_positions = min(total, draft_config.max_seq_len)
+    parts["draft_kv_cache"] = kv_cache_bytes(draft_config, draft_positions, batch=rows,
+                                             dtype=dtype)  # fmt: skip
+    parts["token_buffers"] = rows * total * (17 if padded else 8)
+    V = config.vocab_size
+    # a round's target logits (and the previous round's, still yielded), the draft's step;
+    # sampling: the processed scores and probabilities, the draft's k distributions and the
+    # acceptance rule's residuals
+    per_row = 2 * (k + 1) + 1 + (2 * (k + 1) + 2 * k if sampling else 0)
+    parts["step_logits"] = rows * V * FP32 * per_row
+    what = (
+        f"speculative decoding with {type(config).__name__} and a {type(draft_config).__name__} "
+        f"draft ({_dtype_name(dtype)}, {rows} sequence{'s' * (rows > 1)} of {prompt_len} + "
+        f"{max_new_tokens} tokens, {k} draft tokens per round)"
+    )
+    return MemoryEstimate(what, parts)
+
+
+def _refuse_below(low: int, **values: int) -> None:
+    """Raise ``ValueError`` for the first of ``values`` below ``low``."""
+    for name, value in values.items():
+        if value < low:
+            what = "positive" if low == 1 else f">= {low}"
+            raise ValueError(f"{name} must be {what}, got {value}")
+
+
+def _dtype_name(dtype: str | int) -> str:
+    return dtype if isinstance(dtype, str) else f"{dtype}-byte"
 
 
 def _read_int(file: Path) -> int | None:
@@ -322,5 +441,6 @@ __all__ = [
     "check_training_fits",
     "device_memory",
     "estimate_generation",
+    "estimate_speculative",
     "estimate_training",
 ]

@@ -28,6 +28,7 @@ from attnlab.analysis.measure import (
     measure_step_time,
     mfu,
 )
+from attnlab.analysis.memory_check import check_training_fits
 from attnlab.analysis.params import count_params
 from attnlab.analysis.report import analyze, plot_sweep
 from attnlab.analysis.scaling import sweep_seq_len
@@ -103,6 +104,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="also run one step on the CPU: FlopCounterMode count (math attention), step time, MFU",
     )
+    p.add_argument(
+        "--ignore-memory-check", action="store_true",
+        help="--measure even if its training step's memory estimate exceeds the available RAM",
+    )  # fmt: skip
     p.add_argument("--meta", action="store_true", help="build on the meta device, count params")
     p.add_argument("--step-time", type=float, default=None, help="measured step seconds (MFU)")
     p.add_argument("--peak-tflops", type=float, default=None, help="peak TFLOP/s for MFU")
@@ -128,6 +133,9 @@ def _measure(config: Any, args: argparse.Namespace, training_flops: int) -> dict
         )
     # an image classifier's length is its image size: measure the config's own
     seq_len = None if family.kind is Kind.IMAGE_CLASSIFIER else args.seq_len
+    if not args.ignore_memory_check and (seq_len is not None or hasattr(config, "max_seq_len")):
+        # the step runs --batch sequences forward and backward: refuse what cannot fit first
+        check_training_fits(config, args.batch, seq_len)
     counted = measure_flops(config, seq_len, batch=args.batch, src_len=args.src_len, backward=True)
     model = build_model(config)
     fargs, fkwargs = example_inputs(config, batch=args.batch, seq_len=seq_len, src_len=args.src_len)

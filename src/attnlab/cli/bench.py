@@ -22,7 +22,7 @@ from attnlab.analysis.attention_bench import (
     parse_seq_lens,
 )
 from attnlab.analysis.attention_bench_report import format_markdown, plot_results, run_benchmark
-from attnlab.cli.common import check_writable, guarded
+from attnlab.cli.common import check_device, check_writable, guarded
 
 
 def add_parser(commands: Any) -> Any:
@@ -108,7 +108,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         backward=args.backward,
         window=args.window,
         dtype=args.dtype,
-        device=args.device,
+        device=check_device(args.device),  # up front, not in every case's process
         repeats=args.repeats,
         warmup=args.warmup,
         threads=args.threads,

@@ -100,17 +100,27 @@ def check_writable(path: str | os.PathLike[str] | None, *, what: str = "output")
 def check_device(name: str) -> str:
     """``name`` if torch can use that device here (``auto``: CUDA when present, else CPU).
 
+    The valid forms are those of :class:`~attnlab.training.TrainConfig`'s ``device``: ``cpu``,
+    ``cuda``, ``cuda:N``, ``mps``, ``auto`` (torch also parses ``cpu:1`` or ``meta``, which no
+    command can run on).
+
     Raises:
-        CommandError: for a device that is absent or unknown.
+        CommandError: for a device that is absent or unknown, naming ``--device`` and the valid
+            forms.
     """
     import torch
 
+    from attnlab.training.config import DEVICE_PATTERN
+
+    if not isinstance(name, str) or not DEVICE_PATTERN.fullmatch(name):
+        # torch.device parses more ("cpu:1", "meta", ...) than any command can run on
+        kind = str(name).partition(":")[0]
+        hint = f"; {kind} is one device, give {kind}" if kind in ("cpu", "mps") else ""
+        fail(f"--device {name!r} is not valid; choose cpu, cuda, cuda:N (N = 0, 1, ...), mps "
+             f"or auto{hint}")  # fmt: skip
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        fail(f"--device {name!r} is not a device name (cpu, cuda, cuda:N, mps, auto)")
+    device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         fail(f"--device {name}: this machine has no CUDA device (torch {torch.__version__})")
     if (
@@ -121,9 +131,24 @@ def check_device(name: str) -> str:
         fail(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here")
     if device.type == "mps" and not torch.backends.mps.is_available():
         fail(f"--device {name}: MPS is not available on this machine")
-    if device.type not in ("cpu", "cuda", "mps"):
-        fail(f"--device {name}: unsupported device type {device.type!r}")
     return name
 
 
-__all__ = ["CommandError", "check_device", "check_writable", "fail", "guarded"]
+def add_verify_argument(p: argparse.ArgumentParser) -> None:
+    """``--no-verify``: :func:`attnlab.from_pretrained`'s ``verify=False``."""
+    p.add_argument(
+        "--no-verify", action="store_true",
+        help="load the model even if its weights are not what its config says: a config.json "
+        "edited after saving, tensor data changed in place (the digests the weights record), "
+        "int or bool tensors for float parameters (cast)",
+    )  # fmt: skip
+
+
+__all__ = [
+    "CommandError",
+    "add_verify_argument",
+    "check_device",
+    "check_writable",
+    "fail",
+    "guarded",
+]

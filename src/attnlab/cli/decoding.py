@@ -2,9 +2,11 @@
 
 They are the fields of :class:`~attnlab.generation.GenerationConfig` (``--max-new-tokens``,
 ``--temperature``, ``--top-k``, ``--top-p``, ``--min-p``, ``--num-beams``, ``--length-penalty``,
-``--length-norm``, ``--num-return-sequences``, ``--eos-id``, ``--context``, ...) plus the seed of
-the sampling generator; the two commands differ only in their defaults (``sample`` samples 200
-tokens at temperature 0.8, ``generate`` decodes 64 greedily unless a sampling flag is given).
+``--length-norm``, ``--num-return-sequences``, ``--eos-id``, ``--context``, ...,
+``--ignore-memory-check``: ``memory_check=False``) plus the seed of the sampling generator (an
+integer in ``[0, 2**64 - 1]``); the two commands differ only in their defaults (``sample``
+samples 200 tokens at temperature 0.8, ``generate`` decodes 64 greedily unless a sampling flag
+is given).
 Errors speak of these flags, not of the Python arguments.
 """
 
@@ -15,8 +17,10 @@ from typing import Any
 
 import torch
 
+from attnlab.analysis.memory_check import MemoryLimitError
 from attnlab.cli.common import fail
 from attnlab.generation import ContextLengthError, GenerationConfig
+from attnlab.generation.memory import OPTION as MEMORY_OPTION
 
 
 def ids(text: str) -> list[int]:
@@ -25,6 +29,23 @@ def ids(text: str) -> list[int]:
         return [int(t) for t in text.replace(",", " ").split()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected token ids like 1,2,3; got {text!r}") from None
+
+
+def seed_value(text: str) -> int:
+    """A sampling seed: an integer in ``[0, 2**64 - 1]``, what ``torch.Generator.manual_seed``
+    takes (argparse type; a larger one would fail there naming no flag)."""
+    from attnlab.config import SEED_RANGE
+
+    lo, hi = SEED_RANGE
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not lo <= value <= hi:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer in [0, 2**64 - 1] ({hi}), got {text!r}"
+        )
+    return value
 
 
 def add_decoding_arguments(
@@ -39,7 +60,10 @@ def add_decoding_arguments(
     dec.add_argument("--top-k", type=int, default=None)
     dec.add_argument("--top-p", type=float, default=None)
     dec.add_argument("--min-p", type=float, default=None)
-    dec.add_argument("--seed", type=int, default=seed, help="seed of the sampling generator")
+    dec.add_argument(
+        "--seed", type=seed_value, default=seed,
+        help="seed of the sampling generator, an integer in [0, 2**64 - 1]",
+    )  # fmt: skip
     dec.add_argument("--num-beams", type=int, default=1, help="> 1: beam search")
     dec.add_argument("--length-penalty", type=float, default=0.6, help="beam search α")
     dec.add_argument("--length-norm", default="gnmt", choices=["gnmt", "power"])
@@ -53,6 +77,10 @@ def add_decoding_arguments(
     )  # fmt: skip
     dec.add_argument("--truncate", action="store_true", help="same as --context truncate")
     dec.add_argument("--no-cache", action="store_true", help="recompute the prefix each step")
+    dec.add_argument(
+        "--ignore-memory-check", action="store_true",
+        help="generate even if the memory estimate exceeds the available memory",
+    )  # fmt: skip
     dec.add_argument(
         "--engine",
         default="auto",
@@ -86,6 +114,7 @@ def decoding_config(
         eos_id=() if args.no_eos else (tuple(args.eos_id) if args.eos_id else None),
         use_cache=not args.no_cache, context="truncate" if args.truncate else args.context,
         engine=getattr(args, "engine", "auto"),
+        memory_check=not getattr(args, "ignore_memory_check", False),
     )  # fmt: skip
     if beams:
         options.update(num_beams=args.num_beams, length_penalty=args.length_penalty,
@@ -132,14 +161,23 @@ def _flags(message: str) -> str:
     """``message`` with the Python argument names of generation written as flags."""
     for name in _NAMES:
         message = message.replace(name, "--" + name.replace("_", "-"))
+    message = message.replace(MEMORY_OPTION, "--ignore-memory-check")
     return message.replace("context='truncate'", "--context truncate").replace(
         "context='slide'", "--context slide"
     )
 
 
-def context_message(e: ContextLengthError) -> str:
-    """A :class:`ContextLengthError` said with the command's flags."""
+def context_message(e: ContextLengthError | MemoryLimitError) -> str:
+    """A :class:`ContextLengthError` (or the decoding call's ``MemoryLimitError``) said with
+    the command's flags."""
     return _flags(str(e))
 
 
-__all__ = ["add_decoding_arguments", "context_message", "decoding_config", "engine_line", "ids"]
+__all__ = [
+    "add_decoding_arguments",
+    "context_message",
+    "decoding_config",
+    "engine_line",
+    "ids",
+    "seed_value",
+]

@@ -2,7 +2,9 @@
 
 Mean-pooled (over the attention mask), L2-normalised sentence embeddings, as the
 all-MiniLM-L6-v2 model card prescribes (:func:`attnlab.embed`); prints the cosine similarity
-matrix, or the vectors with ``--json``.
+matrix, or the vectors with ``--json``. ``MODEL_DIR`` may also be a run directory or one of its
+checkpoints (a character-level GPT's run embeds with its character tokenizer); a text longer than
+the model takes is cut, with a warning on stderr.
 """
 
 from __future__ import annotations
@@ -29,9 +31,15 @@ def add_parser(commands: Any) -> None:
 
 def run_embed(args: argparse.Namespace) -> int:
     """Print the cosine matrix (or the vectors)."""
-    from attnlab.sentence import embed
+    from attnlab.sentence import embed, load_embed_tokenizer
+    from attnlab.training.rundir import find_tokenizer, resolve_model_directory
 
-    vectors = embed(list(args.text), args.model)
+    directory = resolve_model_directory(args.model)  # a run directory: its newest checkpoint
+    tokenizer = None
+    found = find_tokenizer(directory)
+    if found is not None and found.parent != directory:  # a checkpoint's: its run's tokenizer
+        tokenizer = load_embed_tokenizer(found)
+    vectors = embed(list(args.text), directory, tokenizer=tokenizer)
     if args.json:
         print(json.dumps({"texts": args.text, "embeddings": vectors.tolist()}))
         return 0

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from attnlab.cli.common import fail, guarded
+from attnlab.cli.common import check_device, fail, guarded
 
 
 def _positive(text: str) -> int:
@@ -52,6 +52,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from attnlab.training import Trainer, load_run
     from attnlab.training.objectives import classification_accuracy
 
+    if args.device is not None:  # flags first, said as the flag
+        check_device(args.device)
     run = load_run(args.run)
     # the run's precision (or --precision) on --device; evaluation needs no compile/checkpointing
     run.train = dataclasses.replace(

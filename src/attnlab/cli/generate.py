@@ -16,8 +16,13 @@ For an encoder-decoder model the prompt is the source, and it gets the model's E
 when it does not end with it (attnlab's recipes and Hugging Face's seq2seq tokenizers train on
 sources that end in EOS; ``--no-source-eos`` passes the ids as given). A long generation slides
 its context like nanoGPT (``--context``); the decoding flags are :mod:`attnlab.cli.decoding`'s.
-A run whose estimated memory (weights, KV cache, prefill, decoding copies) exceeds the available
-RAM exits with status 2, unless ``--ignore-memory-check`` is given. ``--quantize int8|int4``
+A run whose estimated memory (weights, KV cache, token buffers, a step's ``(rows, vocabulary)``
+tensors and beam search's candidates, prefill, decoding copies) exceeds the available RAM exits
+with status 2, before the model is loaded and again before the call allocates, unless
+``--ignore-memory-check`` is given; so does a model whose weights
+are not what its config says (a ``config.json`` edited after saving, tensor data changed, int or
+bool tensors for float parameters: :func:`attnlab.from_pretrained`'s checks, naming the
+mismatch), unless ``--no-verify`` is given. ``--quantize int8|int4``
 quantizes the weights after loading (:mod:`attnlab.cli.quantize`); a quantized model directory
 (``attnlab quantize``) loads as it is. ``--engine auto|eager|fused`` picks what runs the decoding
 steps (:mod:`attnlab.generation.engines`); the first line on stderr says which one runs and why,
@@ -31,7 +36,8 @@ import sys
 from pathlib import Path
 from typing import Any, cast
 
-from attnlab.cli.common import check_device, fail, guarded
+from attnlab.analysis.memory_check import MemoryLimitError
+from attnlab.cli.common import add_verify_argument, check_device, fail, guarded
 from attnlab.cli.decoding import (
     add_decoding_arguments,
     context_message,
@@ -84,11 +90,8 @@ def add_parser(commands: Any) -> None:
         help="fp32; bf16-mixed/fp16-mixed: autocast; bf16: bfloat16 weights (as training)",
     )
     add_quantize_argument(p)  # --quantize int8|int4 (attnlab.cli.quantize)
-    p.add_argument(
-        "--ignore-memory-check",
-        action="store_true",
-        help="generate even if the memory estimate exceeds the available RAM",
-    )
+    # --ignore-memory-check: a decoding flag (attnlab.cli.decoding), sample's too
+    add_verify_argument(p)  # --no-verify (the model and the --draft)
     p.set_defaults(func=guarded("attnlab generate", run_generate))
 
 
@@ -131,10 +134,14 @@ def _check_memory(
     directory: Path, device: str, prompts: list[list[int]], config: GenerationConfig,
     quantize: str | None = None,
 ) -> None:  # fmt: skip
-    """Refuse before loading when the weights, KV cache and prefill cannot fit in RAM: the
-    model the config describes is estimated in full (attnlab's, or a Hugging Face one read from
-    its config and safetensors headers); a ``.bin`` checkpoint by its files' size."""
+    """Refuse before loading when the weights, KV cache, token buffers, a step's tensors (beam
+    search's candidates) and prefill cannot fit in RAM: the model the config describes is
+    estimated in full (attnlab's, or a Hugging Face one read from its config and safetensors
+    headers) with the sizes the call will have after the context policy; a ``.bin``
+    checkpoint by its files' size. (The decoding call checks again once the model is loaded:
+    ``GenerationConfig.memory_check``, off with ``--ignore-memory-check``.)"""
     from attnlab.analysis.memory_check import MemoryEstimate, check_fits
+    from attnlab.generation.memory import planned_sizes
     from attnlab.interop.hf import hf_model_config, read_config
     from attnlab.models import config_from_json_dict
     from attnlab.pretrained import is_attnlab_config
@@ -144,13 +151,14 @@ def _check_memory(
         config_from_json_dict(data) if is_attnlab_config(data) else hf_model_config(directory)
     )
     if model_config is not None:
+        # the sizes the call will have: max_new_tokens and the cache after the context policy
+        sizes = planned_sizes(model_config, max(1, *map(len, prompts)), config)
+        if not sizes:  # the context policy refuses the call: it fails later, naming the policy
+            return
         # float32, a quantized directory or --quantize: attnlab.cli.quantize
         estimate = generation_estimate(
             directory, model_config, quantize=quantize, cpu=device.startswith("cpu"),
-            engine=config.engine,
-            batch=len(prompts), prompt_len=max(1, *map(len, prompts)),
-            max_new_tokens=config.max_new_tokens,
-            num_beams=max(config.num_beams, config.num_return_sequences),
+            engine=config.engine, batch=len(prompts), **sizes,
         )  # fmt: skip
     else:
         files = [f for f in directory.iterdir() if f.suffix in (".safetensors", ".bin")]
@@ -194,7 +202,7 @@ def run_generate(args: argparse.Namespace) -> int:
             from attnlab.training.rundir import resolve_model_directory
 
             _check_memory(resolve_model_directory(args.draft), device, prompts, config)
-    model = attnlab.from_pretrained(directory, device=device)
+    model = attnlab.from_pretrained(directory, device=device, verify=not args.no_verify)
     family = find_family(model)
     if family is None or not family.kind.generates:
         fail(f"{args.model} holds a {type(model).__name__}, which does not generate")
@@ -203,6 +211,11 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.quantize is not None and args.precision != "fp32":
         fail(f"--quantize computes in float32; it does not combine with --precision "
              f"{args.precision}")  # fmt: skip
+    qconfig = getattr(model, "quantization_config", None)  # a quantized model directory
+    if qconfig is not None and args.precision != "fp32":  # before a prompt is printed
+        fail(f"{args.model} is a quantized model ({qconfig.format} weights), which computes in "
+             f"float32; it does not combine with --precision {args.precision} (leave it at "
+             "fp32)")  # fmt: skip
     model = quantize_loaded(model, args.quantize, args.model)  # --quantize (cli.quantize)
     precision = Precision(args.precision, torch.device(device))
     precision.prepare_model(model)
@@ -223,7 +236,7 @@ def run_generate(args: argparse.Namespace) -> int:
                                   engine)  # fmt: skip
             return _emit(args, model, prompts, config, generator, draft, tokenizer, eos,
                          decoder_only)  # fmt: skip
-    except ContextLengthError as e:
+    except (ContextLengthError, MemoryLimitError) as e:
         fail(context_message(e))
 
 

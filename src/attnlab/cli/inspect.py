@@ -79,6 +79,10 @@ def _inputs(
             ids = [int(t) for t in args.ids.replace(" ", "").split(",") if t]
         except ValueError:
             fail(f"--ids must be comma-separated integers, got {args.ids!r}")
+        vocab = getattr(model.config, "vocab_size", None)
+        bad = [i for i in ids if i < 0 or (vocab is not None and i >= vocab)]
+        if bad:  # before a tensor is made: an int64 holds no id of 2**63 or more
+            fail(f"--ids: token id {bad[0]} is outside the vocabulary [0, {vocab})")
     else:
         if tokenizer is None:
             fail(f"{args.model} has no tokenizer.json: pass --ids or --tokenizer")

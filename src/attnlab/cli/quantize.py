@@ -12,7 +12,9 @@ record copied beside them, so ``attnlab generate``, ``sample``, ``translate`` an
 :func:`attnlab.from_pretrained` take it like any model directory. ``--bits 4`` groups
 ``--group-size`` inputs per scale (default 128, or the largest of 64/32 that divides every
 layer). The LM head and the token embedding stay float32 unless ``--include-lm-head`` /
-``--include-embedding``.
+``--include-embedding``. A source whose weights are not what its config says (an edited
+``config.json``, changed tensor data) is refused unless ``--no-verify``; the copy written is
+bound to the config it was made with.
 
 This module also holds what the decoding commands share for ``--quantize int8|int4`` (quantize
 the loaded model in memory) and the memory estimate of a quantized model.
@@ -25,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from attnlab.cli.common import check_writable, fail, guarded
+from attnlab.cli.common import add_verify_argument, check_writable, fail, guarded
 
 FORMATS = {"8": "int8", "4": "int4"}
 # files of a source directory never copied beside the quantized weights
@@ -58,6 +60,7 @@ def add_parser(commands: Any) -> None:
         help="a run directory's export to quantize (default: its newest checkpoint)",
     )  # fmt: skip
     p.add_argument("--out", required=True, help="the quantized model directory to write")
+    add_verify_argument(p)  # --no-verify
     p.set_defaults(func=guarded("attnlab quantize", run_quantize))
 
 
@@ -203,7 +206,7 @@ def run_quantize(args: argparse.Namespace) -> int:
     source, out = _source(args), Path(args.out)
     _check_out(out, source)
     start = time.perf_counter()
-    model = attnlab.from_pretrained(source)
+    model = attnlab.from_pretrained(source, verify=not args.no_verify)
     done = getattr(model, "quantization_config", None)
     if done is not None:
         fail(f"{source} is already quantized ({done.format}); quantize its float model")

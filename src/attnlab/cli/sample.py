@@ -3,7 +3,8 @@
 ``attnlab generate`` with a language model's defaults: 200 new tokens, sampled at temperature
 0.8 with a fixed seed (0), the prompt echoed, the context sliding past the model's
 ``max_seq_len`` as nanoGPT's sampling does. The decoding flags are ``generate``'s
-(:mod:`attnlab.cli.decoding`); ``--greedy`` decodes by arg-max.
+(:mod:`attnlab.cli.decoding`); ``--greedy`` decodes by arg-max. As ``generate``, a run whose
+estimated memory exceeds the available RAM exits with status 2 (``--ignore-memory-check``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import sys
 from typing import Any
 
+from attnlab.analysis.memory_check import MemoryLimitError
 from attnlab.cli.common import fail, guarded
 from attnlab.cli.decoding import (
     add_decoding_arguments,
@@ -42,7 +44,7 @@ def add_parser(commands: Any) -> None:
 def run_sample(args: argparse.Namespace) -> int:
     """Print the prompt and its continuation."""
     import attnlab
-    from attnlab.cli.generate import resolve
+    from attnlab.cli.generate import _check_memory, resolve
     from attnlab.models.family import find_family
 
     if not args.greedy and args.temperature is None and args.num_beams == 1:
@@ -51,6 +53,9 @@ def run_sample(args: argparse.Namespace) -> int:
     directory, tokenizer = resolve(args.run, None)
     if tokenizer is None:
         fail(f"{args.run} has no tokenizer.json: sample needs a language-model run")
+    prompt = tokenizer.encode(args.prompt)
+    if prompt and not args.ignore_memory_check:  # before loading (the call checks again)
+        _check_memory(directory, "cpu", [prompt], config, args.quantize)
     model = attnlab.from_pretrained(directory)
     family = find_family(model)
     if family is None or not family.kind.language_model:
@@ -60,14 +65,13 @@ def run_sample(args: argparse.Namespace) -> int:
         )
     model = quantize_loaded(model, args.quantize, args.run)  # --quantize (cli.quantize)
     draft = load_draft(args, model, tokenizer, config, "cpu")  # --draft (speculative decoding)
-    prompt = tokenizer.encode(args.prompt)
     if not prompt:
         fail("--prompt is empty: give at least one character to continue")
     rows = max(config.num_beams, config.num_return_sequences)
     print(f"engine: {engine_line(model, config, rows, config.max_new_tokens)}", file=sys.stderr)
     try:
         out = decode(model, [prompt], config, generator, args, draft)
-    except ContextLengthError as e:
+    except (ContextLengthError, MemoryLimitError) as e:
         fail(context_message(e))
     print(args.prompt + tokenizer.decode(out[0].tolist()))
     return 0

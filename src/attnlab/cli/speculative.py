@@ -63,7 +63,8 @@ def load_draft(
     directory = resolve_model_directory(args.draft)
     tok_file = find_tokenizer(directory)
     draft_tokenizer = load_tokenizer(tok_file) if tok_file is not None else None
-    draft: Any = attnlab.from_pretrained(directory, device=device)
+    verify = not getattr(args, "no_verify", False)  # generate's --no-verify
+    draft: Any = attnlab.from_pretrained(directory, device=device, verify=verify)
     wrong = [m for m in (model, draft) if not _causal(m)]
     if wrong:  # it rolls back KV caches: causal LMs only
         fail(f"--draft needs a GPT model and a GPT draft (causal LMs), got a "

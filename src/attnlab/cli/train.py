@@ -128,6 +128,7 @@ def run_recipe(args: argparse.Namespace) -> int:
     start = time.monotonic()
     recipe = get_recipe(args.recipe)
     overrides = parse_overrides(list(args.overrides), recipe_types(recipe))
+    _check_fsdp(overrides)
     if not args.resume:  # a resumed run's model is the run's own (train_recipe checks it)
         _check_variant_keys(recipe, overrides)
     out = _run_dir(args, recipe, overrides)
@@ -154,6 +155,18 @@ def run_recipe(args: argparse.Namespace) -> int:
     if ctx.is_main:
         _print_summary(prepared, RunDir(out), result, time.monotonic() - start, as_json=args.json)
     return 0
+
+
+def _check_fsdp(overrides: dict[str, Any]) -> None:
+    """Refuse ``--fsdp`` where it would do nothing: FSDP shards the model over the processes
+    torchrun starts, and one process has nobody to shard with (it would train unsharded)."""
+    asked = any(k.rpartition(".")[2] == "fsdp" and v is True for k, v in overrides.items())
+    processes = _env_int("WORLD_SIZE", 1) if launched_by_torchrun() else 1
+    if asked and processes < 2:
+        where = "torchrun with WORLD_SIZE=1" if launched_by_torchrun() else "one process"
+        fail(f"--fsdp shards the model over the processes of a distributed run, but this is "
+             f"{where}: launch it with torchrun --nproc_per_node=N (N >= 2) -m attnlab train "
+             "..., or leave out --fsdp")  # fmt: skip
 
 
 def _given_options(recipe: Recipe, overrides: dict[str, Any]) -> Any:

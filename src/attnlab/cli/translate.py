@@ -7,14 +7,17 @@
 else ``last/`` model) or one of those model directories. Stdin is read as UTF-8 and translated
 line by line; with ``--eval SPLIT`` the split's source side is translated and scored with
 sacreBLEU (cased and lowercased, with signatures). Output files (``--output``, ``--json``) are
-checked to be writable before anything is decoded.
+checked to be writable before anything is decoded; a batch of beams whose estimated memory
+exceeds the memory available is refused before it is decoded (``--ignore-memory-check``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from attnlab.cli.common import check_writable, fail, guarded
@@ -60,7 +63,27 @@ def add_parser(commands: Any) -> None:
     q.add_argument("--output", default=None, help="--eval: also write the translations here")
     q.add_argument("--json", default=None, help="--eval: also write the scores as JSON here")
     add_quantize_argument(q)  # --quantize int8|int4 (attnlab.cli.quantize)
+    q.add_argument(
+        "--ignore-memory-check", action="store_true",
+        help="decode even if a batch's memory estimate exceeds the available memory",
+    )  # fmt: skip
     q.set_defaults(func=guarded("attnlab translate", run_translate))
+
+
+@contextlib.contextmanager
+def _flagged() -> Iterator[None]:
+    """A decoding call's memory refusal said with this command's flags."""
+    from attnlab.analysis.memory_check import MemoryLimitError
+    from attnlab.generation.memory import OPTION
+
+    try:
+        yield
+    except MemoryLimitError as e:
+        fail(
+            str(e)
+            .replace(OPTION, "--ignore-memory-check")
+            .replace("use a smaller model, batch or length", "use a smaller --beam or --batch-size")
+        )
 
 
 def _read_stdin() -> list[str]:
@@ -89,11 +112,13 @@ def run_translate(args: argparse.Namespace) -> int:
     check_writable(args.json, what="--json")
     t = load_translator(args.model, args.checkpoint)
     quantize_loaded(t.model, args.quantize, args.model)  # --quantize (cli.quantize)
+    check = {"memory_check": not args.ignore_memory_check}
     if args.eval is None:
         lines = _read_stdin()
-        for line in translate(
-            t.model, t.tokenizer, lines, beam=beam, alpha=args.alpha, batch_size=args.batch_size
-        ):
+        with _flagged():
+            out = translate(t.model, t.tokenizer, lines, beam=beam, alpha=args.alpha,
+                            batch_size=args.batch_size, **check)  # fmt: skip
+        for line in out:
             print(line)
         return 0
     src = args.src or t.info.get("src")
@@ -103,15 +128,17 @@ def run_translate(args: argparse.Namespace) -> int:
         fail(f"{t.path} does not record its languages: pass --src and --tgt")
     pairs = load_pairs(data, args.eval, src, tgt)[: args.limit]
     start = time.monotonic()
-    hyps = translate(
-        t.model,
-        t.tokenizer,
-        [s for s, _ in pairs],
-        beam=beam,
-        alpha=args.alpha,
-        batch_size=args.batch_size,
-        progress=not args.no_progress,
-    )
+    with _flagged():
+        hyps = translate(
+            t.model,
+            t.tokenizer,
+            [s for s, _ in pairs],
+            beam=beam,
+            alpha=args.alpha,
+            batch_size=args.batch_size,
+            progress=not args.no_progress,
+            **check,
+        )
     seconds = time.monotonic() - start
     scores = score_bleu(hyps, [r for _, r in pairs])
     decoding = f"beam {beam} (alpha {args.alpha})" if beam > 1 else "greedy"

@@ -158,10 +158,33 @@ def _read_npz(file: Path) -> tuple[np.ndarray, np.ndarray]:
         ) from None
     images, labels = arrays["images"], arrays["labels"]
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1:] != (32, 32, 3):
-        raise ValueError(f"{file}: images must be uint8 (N, 32, 32, 3), got {images.shape}")
-    if labels.shape != images.shape[:1] or labels.max(initial=0) >= len(CLASSES):
-        raise ValueError(f"{file}: labels must be (N,) in [0, 10), got shape {labels.shape}")
-    return images, labels.astype(np.uint8)
+        raise ValueError(
+            f"{file}: images must be uint8 (N, 32, 32, 3), got {images.dtype} {images.shape}"
+        )
+    if len(images) == 0:
+        raise ValueError(f"{file} holds no images (N = 0); expected (N, 32, 32, 3) with N >= 1")
+    return images, _check_labels(file, labels, len(images))
+
+
+def _check_labels(file: Path, labels: np.ndarray, n: int) -> np.ndarray:
+    """``labels`` as uint8 once they are ``n`` integers in ``[0, 10)``; otherwise a
+    ``ValueError`` naming ``file`` and the first bad label (a float label, or -1 stored as
+    int8, would otherwise be cast to another class without a word)."""
+    K = len(CLASSES)
+    if labels.shape != (n,):
+        raise ValueError(
+            f"{file}: labels must have shape ({n},), one per image, got {labels.shape}"
+        )
+    if not np.issubdtype(labels.dtype, np.integer):  # bool, float, strings...
+        raise ValueError(f"{file}: labels must be integers in [0, {K}), got dtype {labels.dtype}")
+    bad = np.flatnonzero((labels < 0) | (labels >= K))
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(
+            f"{file}: {len(bad)} label(s) outside [0, {K}) (the {K} classes), the first "
+            f"{int(labels[i])} (image {i})"
+        )
+    return labels.astype(np.uint8)
 
 
 def load_cifar10(

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from attnlab.generation.config import LENGTH_NORM_NAMES, GenerationConfig, resolve_config
 from attnlab.generation.engines import DecodeSession, resolve_engine, runner_for
+from attnlab.generation.memory import check_call_memory
 from attnlab.generation.processors import (
     LogitsProcessor,
     LogitsProcessorList,
@@ -104,7 +105,9 @@ def beam_search(
 
     Raises:
         ValueError: for R outside ``[1, K]``, sampling options, and the input errors of
-            :func:`~attnlab.generation.generate`.
+            :func:`~attnlab.generation.generate`; ``MemoryLimitError`` before allocating, when
+            the search's estimate (its ``(B·K, V)`` step tensors and ``(B, K, N)`` candidates
+            included) exceeds the memory available (``memory_check=False`` skips it).
     """
     if config is None and "num_beams" not in options:
         options = {"num_beams": 4, **options}
@@ -120,6 +123,7 @@ def beam_search(
         request.model, cfg.engine, rows=rows, max_new_tokens=request.max_new_tokens,
         use_cache=cfg.use_cache, held=decode_session is not None,
     )  # fmt: skip
+    check_call_memory(request, cfg, choice=choice, held=decode_session is not None)
     with (
         eval_mode(request.model),
         runner_for(request.model, choice, rows, decode_session) as runner,

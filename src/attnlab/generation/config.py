@@ -63,6 +63,11 @@ class GenerationConfig(Config):
         engine: what runs the decoding steps: ``"auto"`` (default), ``"eager"`` (the model's
             own modules) or ``"fused"`` (the fused CPU engine); see
             :mod:`attnlab.generation.engines`. Every engine gives the eager path's tokens.
+        memory_check: refuse, before allocating, a call whose estimated memory (KV cache, token
+            buffers, a step's ``(rows, V)`` tensors, beam search's candidates, the fused
+            engine's copies) exceeds the memory available, with a ``MemoryLimitError`` (a
+            ``ValueError``) naming the estimate; ``False`` skips the check (``attnlab generate
+            --ignore-memory-check``). See :mod:`attnlab.generation.memory`.
     """
 
     max_new_tokens: int = 64
@@ -80,6 +85,7 @@ class GenerationConfig(Config):
     use_cache: bool = True
     context: ContextPolicy = "slide"
     engine: Literal["auto", "eager", "fused"] = "auto"
+    memory_check: bool = True
 
     def validate(self) -> None:
         """Ranges and the combinations that cannot work together.

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from attnlab.generation.beam import beam_search
 from attnlab.generation.config import GenerationConfig, resolve_config
 from attnlab.generation.engines import DecodeSession, EngineChoice, resolve_engine, runner_for
+from attnlab.generation.memory import check_call_memory
 from attnlab.generation.processors import (
     LogitsProcessor,
     build_processors,
@@ -101,6 +102,7 @@ def stream(
         model, cfg.engine, rows=rows, max_new_tokens=request.max_new_tokens,
         use_cache=cfg.use_cache, held=decode_session is not None,
     )  # fmt: skip
+    check_call_memory(request, cfg, choice=choice, held=decode_session is not None)
     return _steps(request, chain, sample, generator, cfg, choice, decode_session)
 
 
@@ -179,7 +181,7 @@ def generate(
             ``min_p``, ``num_beams``, ``length_penalty``, ``length_norm``,
             ``num_return_sequences``, ``eos_id``, ``pad_id``, ``use_cache``, ``context``,
             ``engine``: ``"auto"``, ``"eager"`` or ``"fused"``, see
-            :mod:`attnlab.generation.engines`).
+            :mod:`attnlab.generation.engines`; ``memory_check``).
 
     Shapes:
         returns ``(B·R, N)`` int64: the new tokens only (no prompt), ``N <= max_new_tokens``,
@@ -193,6 +195,10 @@ def generate(
             different vocabularies, a bad ``num_draft_tokens``, beam search or no cache.
         ContextLengthError: (a ``ValueError``) when the prompt or the new tokens do not fit
             the context under the ``context`` policy.
+        MemoryLimitError: (a ``ValueError``) before anything is allocated, when the call's
+            estimated memory (KV cache, token buffers, a step's tensors, beam search's
+            candidates) exceeds the memory available; ``memory_check=False`` skips the check
+            (:mod:`attnlab.generation.memory`).
     """
     cfg = resolve_config(config, options)
     if draft_model is not None or num_draft_tokens is not None:

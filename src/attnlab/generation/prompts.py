@@ -46,8 +46,10 @@ class Prompts:
         return int(self.ids.shape[1])
 
 
-def _rows(input_ids: PromptInput, attention_mask: Tensor | None) -> list[Tensor]:
-    """Split the input into a list of 1-D tensors of real tokens."""
+def _rows(input_ids: PromptInput, attention_mask: Tensor | None, vocab_size: int) -> list[Tensor]:
+    """Split the input into a list of 1-D tensors of real tokens (a list's ids are checked
+    against the vocabulary here, before a tensor is made of them: an int64 holds no id of
+    ``2**63`` or more)."""
     if isinstance(input_ids, Tensor):
         ids = input_ids.unsqueeze(0) if input_ids.dim() == 1 else input_ids
         if ids.dim() != 2:
@@ -97,6 +99,11 @@ def _rows(input_ids: PromptInput, attention_mask: Tensor | None) -> list[Tensor]
                     f"prompt {i} must hold integer token ids, got {wrong[0]!r} "
                     f"({type(wrong[0]).__name__})"
                 )
+            if values:
+                lo, hi = min(values), max(values)
+                if lo < 0 or hi >= vocab_size:
+                    bad = lo if lo < 0 else hi
+                    raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
             t = torch.as_tensor(values, dtype=torch.long)
         if t.dim() != 1:
             raise ValueError(f"prompt {i} must be 1-D, got shape {tuple(t.shape)}")
@@ -128,7 +135,7 @@ def pack_prompts(
         ValueError: for no prompts, an empty prompt, ids outside the vocabulary, or shapes that
             do not fit.
     """
-    rows = _rows(input_ids, attention_mask)
+    rows = _rows(input_ids, attention_mask, vocab_size)
     if not rows:
         raise ValueError("no prompts given (an empty batch)")
     lengths = [int(r.numel()) for r in rows]

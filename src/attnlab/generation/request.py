@@ -142,7 +142,7 @@ def prepare_request(
     if recurrent:  # a recurrent state has no length limit: nothing to fit
         max_new, window = config.max_new_tokens, None
     else:
-        max_new, window = _fit_context(prompts.width, config, cfg.max_seq_len, enc_dec)
+        max_new, window = fit_context(prompts.width, config, cfg.max_seq_len, enc_dec)
     return GenerationRequest(
         model=model,
         prompts=prompts,
@@ -187,10 +187,11 @@ def _special_ids(
     return list(eos), pad_id
 
 
-def _fit_context(
+def fit_context(
     width: int, config: GenerationConfig, context: int, enc_dec: bool
 ) -> tuple[int, int | None]:
-    """``(max_new_tokens, window)`` under ``config.context`` for a prompt of ``width`` tokens.
+    """``(max_new_tokens, window)`` under ``config.context`` for a prompt of ``width`` tokens
+    and a model of ``context`` positions (``enc_dec``: an encoder-decoder's source).
 
     Raises:
         ContextLengthError: when the policy cannot fit the prompt or the new tokens.
@@ -263,6 +264,7 @@ __all__ = [
     "GenerativeModel",
     "StepOutput",
     "eval_mode",
+    "fit_context",
     "generating_family",
     "open_session",
     "prepare_request",

@@ -47,7 +47,13 @@ from torch import Tensor, nn
 from attnlab.generation.acceptance import greedy_acceptance, rejection_acceptance
 from attnlab.generation.config import GenerationConfig, resolve_config
 from attnlab.generation.engines import EngineChoice, resolve_engine, runner_for
-from attnlab.generation.processors import LogitsProcessor, build_processors, select_tokens
+from attnlab.generation.memory import check_speculative_memory
+from attnlab.generation.processors import (
+    LogitsProcessor,
+    build_processors,
+    check_finite_logits,
+    select_tokens,
+)
 from attnlab.generation.prompts import PromptInput, Prompts
 from attnlab.generation.request import (
     GenerationRequest,
@@ -160,6 +166,7 @@ def speculative_stream(
     cfg = resolve_config(config, options)
     check_draft(model, draft_model, num_draft_tokens, cfg)
     request = prepare_request(model, input_ids, cfg, attention_mask=attention_mask)
+    check_speculative_memory(request, cfg, draft_model, num_draft_tokens)
     sample = cfg.sampling
     chain = build_processors(
         temperature=cfg.temperature if sample else 1.0,
@@ -203,7 +210,11 @@ def speculative_generate(
     Raises:
         TypeError: for a target or draft that is not a GPT, or an option of the wrong type.
         ValueError: for different vocabularies, a bad ``num_draft_tokens``, beam search,
-            ``use_cache=False``, and everything :func:`~attnlab.generation.generate` refuses.
+            ``use_cache=False``, and everything :func:`~attnlab.generation.generate` refuses
+            (a call whose memory estimate, both caches included, exceeds the memory available:
+            ``MemoryLimitError``, skipped with ``memory_check=False``).
+        NonFiniteLogitsError: when the draft's or the target's logits hold NaN or infinity (a
+            draft with NaN weights, say), naming which model, the step and the sequence.
     """
     steps = speculative_stream(
         model, draft_model, input_ids, config, num_draft_tokens=num_draft_tokens,
@@ -230,6 +241,7 @@ class _Loop:
         self.request, self.draft, self.chain, self.sample = request, draft, chain, sample
         self.generator, self.k, self.stats = generator, k, stats
         self.engine = "auto"  # the request's decode engine (GenerationConfig.engine)
+        self.prompt_width = 0  # P: column P is the first new token's (steps count from it)
 
     def run(self, num_return_sequences: int) -> Iterator[StepOutput]:
         """Yield every token; grad mode is switched off per round, not across ``yield``."""
@@ -249,6 +261,7 @@ class _Loop:
                 )
             with torch.inference_mode():
                 cols = Columns(prompts, N)
+                self.prompt_width = cols.length
                 verifier = Decoder(target, cols, rollback=self.k, runner=runner)
                 drafter = Decoder(self.draft, cols, rollback=self.k, runner=draft_runner)
                 finished = torch.zeros(B, dtype=torch.bool, device=prompts.ids.device)
@@ -281,6 +294,7 @@ class _Loop:
         k = min(self.k, remaining - 1, verifier.context - L)
         if k < 0:  # past the target's context: a plain step on the sliding window
             logits = verifier.window_logits(L)  # (B, V)
+            check_finite_logits(logits, L - self.prompt_width, model="the target model")
             tokens = select_tokens(self.chain(logits.float()), sample=self.sample,
                                    generator=self.generator)  # fmt: skip
             cols.ids[:, L] = tokens
@@ -290,6 +304,9 @@ class _Loop:
         proposals, q = self._propose(cols, drafter, L, k)  # (B, k), (B, k, V)
         raw = verifier.feed(L + k)[:, -(k + 1) :]  # (B, k + 1, V): one target forward
         B, V = raw.shape[0], raw.shape[-1]
+        if not bool(torch.isfinite(raw.sum(dtype=torch.float32))):  # one read, as a rule
+            for j in range(k + 1):  # NaN scores would accept or reject arbitrary proposals
+                check_finite_logits(raw[:, j], L - self.prompt_width + j, model="the target model")
         scores = self.chain(raw.float().reshape(B * (k + 1), V)).view(B, k + 1, V)
         if self.sample:
             target_probs = scores.softmax(dim=-1)  # (B, k + 1, V)
@@ -318,7 +335,10 @@ class _Loop:
             keep = max(1, min(drafter.context // 2, drafter.context - k + 1))
             drafter.restart(L - keep)
         for j in range(k):
-            scores = self.chain(drafter.feed(L + j, last_only=True)[:, -1].float())  # (B, V)
+            logits = drafter.feed(L + j, last_only=True)[:, -1]  # (B, V)
+            # a NaN draft would fail in torch.multinomial (or propose arbitrary tokens): say so
+            check_finite_logits(logits, L - self.prompt_width + j, model="the draft model")
+            scores = self.chain(logits.float())  # (B, V)
             if self.sample:
                 probs[:, j] = scores.softmax(dim=-1)
                 x = torch.multinomial(probs[:, j], 1, generator=self.generator).squeeze(-1)

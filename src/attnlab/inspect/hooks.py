@@ -122,6 +122,9 @@ class _State:
         """Scope the points of modules several stacks share: each stack's method (its
         :attr:`~attnlab.models.family.HookStack.runs_in`) sets the scope while it runs."""
         model = self.model
+        inner = getattr(model, "_orig_mod", None)
+        while isinstance(inner, nn.Module):  # torch.compile's wrapper calls what it wraps
+            model, inner = inner, getattr(inner, "_orig_mod", None)
         for stack in layout_of(model).stacks:
             method, scope = stack.runs_in, stack.scope
             if method is None or scope is None:

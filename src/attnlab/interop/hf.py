@@ -238,6 +238,7 @@ def load_hf(
     dtype: torch.dtype | None = None,
     strict: bool = True,
     before_build: Callable[[Path, Any, Mapping[str, Tensor]], None] | None = None,
+    verify: bool = True,
 ) -> nn.Module:
     """Load a Hugging Face checkpoint directory as the equivalent attnlab model (eval mode).
 
@@ -249,11 +250,15 @@ def load_hf(
         before_build: called with ``(directory, config, weights)`` once the attnlab config
             is known and before the model is built (:func:`attnlab.from_pretrained` refuses
             there a config claiming far more parameters than the weights hold).
+        verify: refuse tensors of another kind than the parameter they fill (an int32 or bool
+            tensor for a float parameter; float16/bfloat16/float64 are cast). ``False``: cast
+            whatever they hold.
 
     Raises:
         FileNotFoundError: without ``config.json`` or weights.
         UnsupportedCheckpointError: for an unsupported family or option (the message says which).
-        CheckpointMismatchError: listing the missing, unexpected and misshapen tensors.
+        CheckpointMismatchError: listing the missing, unexpected and misshapen tensors (and,
+            with ``verify``, those of another dtype kind).
     """
     directory = Path(path)
     data = read_config(directory)
@@ -265,7 +270,7 @@ def load_hf(
         before_build(directory, config, weights)
     model = build_model(config, device=device)
     what = f"{family.name} checkpoint {directory}"
-    load_into(model, family.keymap(config), weights, what=what, strict=strict)
+    load_into(model, family.keymap(config), weights, what=what, strict=strict, dtypes=verify)
     if dtype is not None:
         model = model.to(dtype)
     return model.eval()

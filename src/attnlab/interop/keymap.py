@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from attnlab.integrity import KIND_RULE, kind_problems
+
 logger = logging.getLogger(__name__)
 
 Transform = Callable[[Sequence[Tensor]], list[Tensor]]
@@ -211,6 +213,7 @@ def load_into(
     *,
     what: str,
     strict: bool = True,
+    dtypes: bool = True,
 ) -> None:
     """Copy ``checkpoint`` (keys as the map's ``theirs``) into ``model`` after checking it.
 
@@ -219,16 +222,20 @@ def load_into(
         what: a description for messages (e.g. the checkpoint directory and family).
         strict: raise on any missing, unexpected or misshapen tensor (default). With
             ``strict=False`` those are logged as warnings and the rest is loaded.
+        dtypes: count a tensor of another dtype kind than the parameter it fills as bad (an
+            int32 or bool tensor for a float parameter, :func:`attnlab.integrity.kind_problems`;
+            float16/bfloat16/float64 are cast). ``False``: cast whatever it holds.
 
     Raises:
         CheckpointMismatchError: listing every missing key (with its expected shape), every
-            unexpected key and every shape mismatch.
+            unexpected key, every shape mismatch and (``dtypes``) every dtype of another kind.
         NotImplementedError: if the map does not cover the model (see :func:`check_coverage`).
     """
     check_coverage(model, keymap, what)
     tensors, problems = keymap.canonicalise(checkpoint)
     with torch.no_grad():
-        expected = {k: _shape(v) for k, v in keymap.to_theirs(model.state_dict()).items()}
+        theirs = keymap.to_theirs(model.state_dict())
+    expected = {k: _shape(v) for k, v in theirs.items()}
     missing = [f"{k} (expected shape {list(s)})" for k, s in expected.items() if k not in tensors]
     unexpected = sorted(k for k in tensors if k not in expected)
     problems += [
@@ -236,6 +243,11 @@ def load_into(
         for k, s in expected.items()
         if k in tensors and _shape(tensors[k]) != s
     ]
+    wrong_kind: dict[str, str] = {}
+    if dtypes:  # an int or bool tensor for a float parameter would be cast silently
+        found = {k: v.dtype for k, v in tensors.items() if k in expected}
+        wrong_kind = kind_problems({k: v.dtype for k, v in theirs.items()}, found)
+        problems += [f"{p} ({KIND_RULE})" for p in wrong_kind.values()]
     lines = []
     if missing:
         lines.append(f"missing tensors ({len(missing)}): " + "; ".join(missing))
@@ -252,6 +264,7 @@ def load_into(
             raise CheckpointMismatchError(message)
         logger.warning("%s\n(strict=False: those parameters keep their initialisation)", message)
     bad = {k for k, s in expected.items() if k in tensors and _shape(tensors[k]) != s}
+    bad |= set(wrong_kind)
     usable = {k: v for k, v in tensors.items() if k in expected and k not in bad}
     with torch.no_grad():
         ours = keymap.to_ours(usable)

@@ -66,6 +66,19 @@ def library_tokenizer(cls: type[Tokenizer], file: Path) -> Tokenizer:
         raise ValueError(f"tokenizer file {file} is not a tokenizers-library file: {e}") from None
 
 
+def untruncated_lengths(
+    tokenizer: Tokenizer, texts: list[str], *, add_special_tokens: bool = True
+) -> list[int]:
+    """How many tokens each of ``texts`` has when nothing is cut: for saying how much a
+    truncating tokenizer (a ``tokenizer.json`` with ``"truncation"``) dropped. Works on a copy;
+    ``tokenizer`` is not changed."""
+    full = type(tokenizer).from_str(tokenizer.to_str())
+    full.no_truncation()
+    full.no_padding()
+    encodings = full.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+    return [len(e.ids) for e in encodings]
+
+
 def sentence_max_length(path: str | os.PathLike[str]) -> int | None:
     """``max_seq_length`` of a sentence-transformers directory (``sentence_bert_config.json``),
     or ``None`` when the file is absent."""
@@ -76,4 +89,10 @@ def sentence_max_length(path: str | os.PathLike[str]) -> int | None:
     return int(value) if value is not None else None
 
 
-__all__ = ["TOKENIZER_NAME", "library_tokenizer", "load_tokenizer", "sentence_max_length"]
+__all__ = [
+    "TOKENIZER_NAME",
+    "library_tokenizer",
+    "load_tokenizer",
+    "sentence_max_length",
+    "untruncated_lengths",
+]

@@ -29,6 +29,7 @@ zeros; checking would cost a pass over all keys, the whole KV cache in every dec
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 
 import torch
@@ -38,13 +39,37 @@ from torch import Tensor
 from attnlab.layers.masks import causal_mask, check_mask
 
 
-def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int, int, int, int, int]:
-    """Validate q/k/v shapes for attention and return ``(B, H, H_kv, T, S, D)``.
+def check_scale(scale: object) -> None:
+    """Refuse a score ``scale`` that is not ``None`` (``1 / sqrt(D)``) or a finite positive
+    number: NaN or inf would make every backend's output NaN or zeros (or, on the linear
+    backend's ``"elu"`` features, be ignored), and 0 or a negative scale is no softmax
+    temperature any paper uses.
 
     Raises:
-        ValueError: on wrong ranks, mismatched batch/head-dim/key lengths, ``H % H_kv != 0``, or
-            tensors on different devices.
-        TypeError: if the dtypes differ or are not floating point.
+        TypeError: for a scale that is not a real number (a tensor, a string, a bool).
+        ValueError: for NaN, an infinity, 0 or a negative number.
+    """
+    if scale is None:
+        return
+    expected = "a finite positive number, or None for 1/sqrt(D)"
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be {expected}; got {scale!r} ({type(scale).__name__})")
+    value = float(scale)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"scale must be {expected}; got {scale!r}")
+
+
+def check_qkv(
+    q: Tensor, k: Tensor, v: Tensor, *, scale: object = None
+) -> tuple[int, int, int, int, int, int]:
+    """Validate q/k/v shapes (and the score ``scale``, :func:`check_scale`) for attention and
+    return ``(B, H, H_kv, T, S, D)``. Every backend calls it first: it is the one boundary they
+    share.
+
+    Raises:
+        ValueError: on wrong ranks, mismatched batch/head-dim/key lengths, a head dim of 0,
+            ``H % H_kv != 0``, tensors on different devices, or a bad ``scale``.
+        TypeError: if the dtypes differ or are not floating point, or ``scale`` is no number.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
@@ -68,6 +93,12 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int, int, int, int,
         raise ValueError(f"k and v must share (H_kv, S): k {tuple(k.shape)}, v {tuple(v.shape)}")
     if H_kv == 0 or H % H_kv != 0:
         raise ValueError(f"query heads H={H} must be a multiple of key/value heads H_kv={H_kv}")
+    if D == 0 or v.shape[-1] == 0:  # 1/sqrt(0), and reductions over an empty head dim
+        raise ValueError(
+            f"the head dims must be positive, got D={D} (q {tuple(q.shape)}, k {tuple(k.shape)})"
+            f" and Dv={v.shape[-1]} (v {tuple(v.shape)})"
+        )
+    check_scale(scale)
     return B, H, H_kv, T, S, D
 
 
@@ -115,7 +146,7 @@ def scaled_dot_product_attention(
         is_causal: also apply a causal mask, bottom-right aligned when T != S
             (query i sees keys j <= i + S - T). May be combined with ``mask``.
         dropout_p: dropout on the attention weights (pass 0.0 in eval).
-        scale: score scale; default ``1 / sqrt(D)``.
+        scale: score scale, a finite positive number; default ``1 / sqrt(D)``.
         return_weights: also return the attention weights (before dropout).
         hook: called as ``hook("scores", scores)`` (scaled and masked, before the softmax, in at
             least float32) and ``hook("weights", weights)`` (after it); each may return a
@@ -128,7 +159,7 @@ def scaled_dot_product_attention(
     Raises:
         ValueError / TypeError: on bad shapes, dtypes, masks, or ``dropout_p`` outside [0, 1).
     """
-    B, H, H_kv, T, S, D = check_qkv(q, k, v)
+    B, H, H_kv, T, S, D = check_qkv(q, k, v, scale=scale)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if mask is not None:

@@ -94,7 +94,7 @@ def sdpa_attention(
     scale: float | None = None,
 ) -> Tensor:
     """PyTorch's fused ``scaled_dot_product_attention`` with the library's mask semantics."""
-    B, H, H_kv, T, S, _ = check_qkv(q, k, v)
+    B, H, H_kv, T, S, _ = check_qkv(q, k, v, scale=scale)
     if mask is not None:
         check_mask(mask, B, H, T, S)
         # PyTorch's SDPA wants at least (T, S); a view with leading ones broadcasts the same.

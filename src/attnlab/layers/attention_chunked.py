@@ -270,7 +270,7 @@ def chunked_attention(
     Raises:
         ValueError / TypeError: on bad shapes, dtypes, masks, block sizes or ``dropout_p``.
     """
-    B, H, _, T, S, D = check_qkv(q, k, v)
+    B, H, _, T, S, D = check_qkv(q, k, v, scale=scale)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if block_q < 1 or block_k < 1:

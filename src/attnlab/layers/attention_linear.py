@@ -211,7 +211,7 @@ def linear_attention(
         ValueError / TypeError: on bad shapes, dtypes, ``dropout_p``, chunk size, feature maps, or
             masks that are not key-padding masks.
     """
-    B, H, H_kv, T, S, _ = check_qkv(q, k, v)
+    B, H, H_kv, T, S, _ = check_qkv(q, k, v, scale=scale)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if chunk_size < 1:

@@ -198,7 +198,7 @@ def sliding_window_attention(
         ValueError / TypeError: on bad shapes, dtypes, masks, window, block size, global tokens
             or ``dropout_p``.
     """
-    B, H, H_kv, T, S, D = check_qkv(q, k, v)
+    B, H, H_kv, T, S, D = check_qkv(q, k, v, scale=scale)
     block = _check_args(window, dropout_p, block_size, mask, (B, H, T, S))
     n_rep, Dv, offset = H // H_kv, v.shape[-1], S - T
     if T == 0 or S == 0:  # no scores: zeros (S = 0) or an empty output, as the math path gives

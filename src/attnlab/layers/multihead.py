@@ -48,8 +48,8 @@ class MultiHeadAttention(nn.Module):
             (RoPE); ``None`` for none.
 
     Raises:
-        ValueError: if ``n_heads`` does not divide ``d_model`` or ``n_kv_heads`` does not divide
-            ``n_heads``, or for an unknown backend.
+        ValueError: for sizes that are not positive integers, if ``n_heads`` does not divide
+            ``d_model`` or ``n_kv_heads`` does not divide ``n_heads``, or for an unknown backend.
     """
 
     # Hook sites (attnlab.layers.hooks): None costs one attribute read per site.
@@ -70,9 +70,13 @@ class MultiHeadAttention(nn.Module):
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if n_heads <= 0 or d_model % n_heads != 0:
+        for name, value in (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                # d_model=0 would make a head dim of 0 (ZeroDivisionError in the math backend)
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if d_model % n_heads != 0:
             raise ValueError(f"n_heads={n_heads} must divide d_model={d_model}")
-        if n_kv_heads <= 0 or n_heads % n_kv_heads != 0:
+        if n_heads % n_kv_heads != 0:
             raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")

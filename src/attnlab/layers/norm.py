@@ -12,11 +12,24 @@ Shapes: (..., E) -> (..., E).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.registry import Registry
+
+
+def _check_eps(name: str, eps: float) -> None:
+    """``eps`` must be a finite positive number: NaN, an infinity or a negative one would make
+    every output NaN (or zero) silently."""
+    if (
+        isinstance(eps, bool)
+        or not isinstance(eps, int | float)
+        or not (math.isfinite(eps) and eps > 0)
+    ):
+        raise ValueError(f"{name} eps must be a finite positive number, got {eps!r}")
 
 
 def _check_last_dim(x: Tensor, d_model: int, name: str) -> None:
@@ -31,6 +44,7 @@ class LayerNorm(nn.Module):
 
     def __init__(self, d_model: int, *, eps: float = 1e-5, bias: bool = True) -> None:
         super().__init__()
+        _check_eps("LayerNorm", eps)
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d_model))
         self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None
@@ -47,6 +61,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         if bias:
             raise ValueError("RMSNorm has no bias; pass bias=False")
+        _check_eps("RMSNorm", eps)
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d_model))
 
@@ -72,6 +87,13 @@ class BatchNorm(nn.Module):
         self, d_model: int, *, eps: float = 1e-5, bias: bool = True, momentum: float = 0.1
     ) -> None:
         super().__init__()
+        _check_eps("BatchNorm", eps)
+        if (
+            isinstance(momentum, bool)
+            or not isinstance(momentum, int | float)
+            or not (0.0 <= momentum <= 1.0)
+        ):
+            raise ValueError(f"BatchNorm momentum must be a number in [0, 1], got {momentum!r}")
         self.eps, self.momentum = eps, momentum
         self.weight = nn.Parameter(torch.ones(d_model))
         self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None

@@ -32,6 +32,22 @@ from attnlab.registry import Registry
 RopeScaling = Literal["none", "linear", "ntk", "dynamic"]
 
 
+def _check_size(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_base(name: str, base: object) -> None:
+    """A frequency base must be a finite positive number: log(0), log(-1) and NaN make every
+    angle NaN or infinite."""
+    if (
+        isinstance(base, bool)
+        or not isinstance(base, int | float)
+        or not (math.isfinite(base) and base > 0)
+    ):
+        raise ValueError(f"{name} must be a finite positive number, got {base!r}")
+
+
 class PositionalEncoding(nn.Module):
     """Base class: every hook is the identity; subclasses override what they use.
 
@@ -79,6 +95,8 @@ def sinusoidal_table(positions: Tensor, d_model: int, base: float = 10000.0) -> 
     Shapes:
         positions ``(...)`` (any integer or float tensor) -> ``(..., d_model)`` float32.
     """
+    _check_size("d_model", d_model)
+    _check_base("the sinusoid base", base)
     i = torch.arange(0, d_model, 2, device=positions.device, dtype=torch.float64)  # (ceil(E/2),)
     inv = torch.exp(-math.log(base) * i / d_model)  # 1 / base^(2i/d)
     angles = positions.to(torch.float64).unsqueeze(-1) * inv  # (..., ceil(E/2))
@@ -93,6 +111,8 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
 
     def __init__(self, d_model: int, base: float = 10000.0) -> None:
         super().__init__()
+        _check_size("d_model", d_model)
+        _check_base("the sinusoid base", base)
         self.d_model = d_model
         self.base = base
 
@@ -109,6 +129,8 @@ class LearnedPositionalEmbedding(PositionalEncoding):
 
     def __init__(self, d_model: int, max_seq_len: int) -> None:
         super().__init__()
+        _check_size("d_model", d_model)
+        _check_size("max_seq_len", max_seq_len)
         self.max_seq_len = max_seq_len
         self.weight = nn.Parameter(torch.empty(max_seq_len, d_model))
         nn.init.normal_(self.weight, std=0.02)
@@ -160,11 +182,18 @@ class RotaryEmbedding(PositionalEncoding):
         layout: Literal["half", "interleaved"] = "half",
     ) -> None:
         super().__init__()
+        _check_size("RoPE's d_head", d_head)
         if d_head % 2:
             raise ValueError(f"RoPE needs an even head dim, got d_head={d_head}")
+        _check_base("the RoPE base", base)
+        _check_size("RoPE's max_seq_len", max_seq_len)
         if scaling not in ("none", "linear", "ntk", "dynamic"):
             raise ValueError(f"unknown rope scaling {scaling!r}; valid: none, linear, ntk, dynamic")
-        if factor < 1.0:
+        if (
+            isinstance(factor, bool)
+            or not isinstance(factor, int | float)
+            or not (1.0 <= factor < math.inf)
+        ):  # NaN fails the comparison too
             raise ValueError(f"rope scaling factor must be >= 1, got {factor}")
         if layout not in ("half", "interleaved"):
             raise ValueError(f"unknown rope layout {layout!r}; valid: half, interleaved")

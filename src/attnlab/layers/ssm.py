@@ -172,7 +172,9 @@ class MambaMixer(nn.Module):
         self, batch: int, *, device: torch.device | None = None, dtype: torch.dtype | None = None
     ) -> MambaLayerState:
         """A zero state for ``batch`` sequences (conv in ``dtype``, SSM in float32)."""
-        w = self.in_proj.weight
+        # the convolution's weight: the dtype of what it convolves, and never replaced by a
+        # transform (a quantized in_proj has no float weight)
+        w = self.conv1d.weight
         device, dtype = device or w.device, dtype or w.dtype
         conv = torch.zeros(batch, self.d_inner, self.d_conv - 1, device=device, dtype=dtype)
         ssm = torch.zeros(batch, self.d_inner, self.d_state, device=device, dtype=torch.float32)

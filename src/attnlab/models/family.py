@@ -342,9 +342,13 @@ def families() -> list[Family]:
 
 
 def find_family(obj: object) -> Family | None:
-    """The family of a model, a config, either's class, or a family name; ``None`` if none."""
+    """The family of a model (a ``torch.compile`` wrapper: of the model it wraps), a config,
+    either's class, or a family name; ``None`` if none."""
     if isinstance(obj, str):
         return FAMILIES.find(obj)
+    inner = getattr(obj, "_orig_mod", None)  # a torch.compile wrapper: the model it compiles
+    if isinstance(inner, nn.Module) and not isinstance(obj, type):
+        return find_family(inner)
     cls = obj if isinstance(obj, type) else type(obj)
     for base in cls.__mro__:  # a subclass of a family's model or config belongs to it
         family = _BY_CLASS.get(base)

@@ -178,7 +178,10 @@ class MambaLM(GenerationMixin, PretrainedModel):
                 targets of another shape, dtype or outside the vocabulary.
         """
         h = self.hidden_states(ids, state=state)
-        logits = self.lm_head(h.to(self.lm_head.weight.dtype))  # (B, T, V)
+        head_weight = getattr(self.lm_head, "weight", None)  # a quantized head has none
+        if isinstance(head_weight, Tensor):
+            h = h.to(head_weight.dtype)
+        logits = self.lm_head(h)  # (B, T, V)
         loss = None
         if targets is not None:
             loss = token_loss(logits, targets, ids, ignore_index=self.config.ignore_index)

@@ -10,7 +10,9 @@ run directory (:mod:`attnlab.training.rundir`):
 - :meth:`~TrainerCheckpoints.save`: rank 0 writes a checkpoint (all processes call it);
 - :meth:`~TrainerCheckpoints.resume`: rank 0 tries the run's checkpoints newest first and
   uses the first that loads, saying which it skipped and why; it refuses (``RunDirError``) a
-  checkpoint of another model, or a directory whose checkpoints all fail;
+  checkpoint of another model, or a directory whose checkpoints all fail, and
+  (``NewerVersionError``) a checkpoint written by a newer attnlab: that is not damage, so it
+  never falls back past it (which would then overwrite and prune it);
 - :meth:`~TrainerCheckpoints.finish`: at the end of a run, ``last/`` (with ``export_last``) and
   the §6.1 average of the last ``average_last`` checkpoints in ``averaged/``, evaluated.
 
@@ -28,12 +30,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from safetensors.torch import load_model
 from torch import nn
 
 from attnlab.config import config_to_dict
-from attnlab.io import read_json
-from attnlab.pretrained import CONFIG_NAME, WEIGHTS_NAME, with_tied_names
+from attnlab.io import NewerVersionError, read_json
+from attnlab.pretrained import CONFIG_NAME, load_weights, read_model_weights
 from attnlab.training.config import TrainConfig
 from attnlab.training.distributed import (
     DistributedContext,
@@ -51,7 +52,7 @@ from attnlab.training.hardware import Precision
 from attnlab.training.metrics import MetricsLogger, read_metrics
 from attnlab.training.objectives import DataStream
 from attnlab.training.rundir import RunDir, RunDirError
-from attnlab.training.state import load_tensors, read_training_state, rng_state, set_rng_state
+from attnlab.training.state import read_training_state, rng_state, set_rng_state
 
 logger = logging.getLogger(__name__)
 
@@ -188,6 +189,8 @@ class TrainerCheckpoints:
 
         Raises:
             RunDirError: for a checkpoint of another model, or checkpoints none of which loads.
+            NewerVersionError: for a checkpoint written by a newer attnlab (before any older
+                one is tried).
         """
         t = self.t
         found: tuple[Path, dict[str, Any], dict[str, Any]] | None = None
@@ -222,9 +225,13 @@ class TrainerCheckpoints:
                         "now: resume with the run's own settings (see its run.json)"
                     )
                 state = read_training_state(directory)
-                weights = with_tied_names(load_tensors(directory / WEIGHTS_NAME), t.module)
+                # dtype kinds, the config and content digests (attnlab.integrity): a
+                # checkpoint whose bytes changed is damaged like a truncated one
+                weights = read_model_weights(directory, t.module)
             except RunDirError:
                 raise
+            except NewerVersionError as e:  # not damage: never fall back past it (and prune it)
+                raise NewerVersionError(f"--resume: {e}; nothing was changed") from None
             except (OSError, ValueError, KeyError) as e:
                 skipped.append(f"{directory.name} ({e})")
                 logger.warning(
@@ -303,11 +310,14 @@ def average_checkpoints(
     """Set ``model``'s parameters and float buffers to their mean over the checkpoint (model)
     ``directories`` (§6.1); returns ``model``.
 
-    Each directory's ``model.safetensors`` is loaded into ``model`` in turn (tied tensors are
-    handled by safetensors), summed in float64, and the mean written back.
+    Each directory's ``model.safetensors`` is loaded into ``model`` in turn
+    (:func:`attnlab.pretrained.load_weights`: tied tensors added back, checked against the
+    digests it records), summed in float64, and the mean written back.
 
     Raises:
-        ValueError: for an empty list. RuntimeError: for weights that do not fit ``model``.
+        ValueError: for an empty list, weights that do not fit ``model``
+            (``CheckpointMismatchError``) or that changed after saving
+            (``DigestMismatchError``).
     """
     if not directories:
         raise ValueError("average_checkpoints needs at least one checkpoint directory")
@@ -315,7 +325,7 @@ def average_checkpoints(
     tensors.update((n, b) for n, b in model.named_buffers() if b.is_floating_point())
     total = {n: torch.zeros_like(x, dtype=torch.float64) for n, x in tensors.items()}
     for d in directories:
-        load_model(model, Path(d) / WEIGHTS_NAME, strict=True)
+        load_weights(model, d)
         for n, x in tensors.items():
             total[n] += x.double()
     for n, x in tensors.items():

@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from attnlab.config import Config, check_positive, check_probability
+from attnlab.config import Config, check_positive, check_probability, check_seed
 
 ScheduleName = Literal["noam", "cosine", "constant"]
 ScheduleClock = Literal["steps", "time"]
@@ -96,7 +96,7 @@ class TrainConfig(Config):
     precision: PrecisionName = "fp32"  # -mixed: autocast, float32 weights and optimizer state
     compile: bool = False  # torch.compile the model trained (compile time reported apart)
     activation_checkpointing: int = 0  # recompute every k-th block in the backward; 0: off
-    # -- distributed (under torchrun; ignored by a single process)
+    # -- distributed (under torchrun with 2+ processes; a single process warns, the CLI refuses)
     fsdp: bool = False  # shard parameters, gradients and optimizer state (FSDP2); else DDP
     # -- reproducibility
     seed: int = 0  # seeds data order, masking and dropout
@@ -123,6 +123,7 @@ class TrainConfig(Config):
         if self.steps is None and self.max_minutes is None and self.max_epochs is None:
             raise ValueError("give a training budget: steps, max_minutes or max_epochs")
         check_probability(label_smoothing=self.label_smoothing)
+        check_seed(seed=self.seed)
         for name, beta in zip(("beta1", "beta2"), self.betas, strict=True):
             if not 0.0 <= beta < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {beta}")

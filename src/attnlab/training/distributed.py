@@ -198,8 +198,18 @@ def parallelize(
 
     Returns:
         The module to train (call it, not ``model``, in the forward pass).
+
+    A single process returns ``model`` as it is, and with ``fsdp`` logs a warning that nothing
+    is sharded (a run trained by several processes may be resumed by one; ``attnlab train
+    --fsdp`` in one process is refused before this).
     """
     if not ctx.enabled:
+        if fsdp:
+            logger.warning(
+                "fsdp=True shards over the processes of a distributed run; this is a single "
+                "process, which trains the whole model unsharded (launch with torchrun "
+                "--nproc_per_node=N, N >= 2, to shard it)"
+            )
         return model
     model = model.to(ctx.device)
     if fsdp:

@@ -111,7 +111,7 @@ class AugmentedImageStream:
     def epoch_order(self, epoch: int) -> Tensor:
         """The permutation of the training images visited in epoch ``epoch`` ``(N,)``."""
         if self._order is None or self._order[0] != epoch:
-            g = torch.Generator().manual_seed(self.seed * _EPOCH_SEED_STRIDE + epoch + 1)
+            g = torch.Generator().manual_seed((self.seed * _EPOCH_SEED_STRIDE + epoch + 1) % 2**64)
             self._order = (epoch, torch.randperm(self.n_train, generator=g))
         return self._order[1]
 

@@ -83,9 +83,20 @@ class MetricsLogger:
         atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))
 
     def log(self, record: dict[str, Any]) -> None:
-        """Append ``record`` (must hold ``"step"``) as one line."""
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        """Append ``record`` (must hold ``"step"``) as one line.
+
+        Raises:
+            OSError: naming the metrics file when it cannot be written (a full disk's
+                ``ENOSPC`` names no file by itself).
+        """
+        line = json.dumps(record) + "\n"
+        try:
+            self._file.write(line)
+            self._file.flush()
+        except OSError as e:
+            if e.filename is not None:
+                raise
+            raise OSError(e.errno, e.strerror or str(e), str(self.path)) from e
         if self._tb is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, int | float):

@@ -210,7 +210,7 @@ class SampledObjective:
         return SampledStream(lambda n, g: self.sample("train", n, g), batch_size, seed)
 
     def val_batches(self, batch_size: int, n_batches: int, seed: int) -> list[Any]:
-        generator = torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET)
+        generator = torch.Generator().manual_seed((seed + EVAL_SEED_OFFSET) % 2**64)
         return [self.sample(self.val_split, batch_size, generator) for _ in range(n_batches)]
 
 

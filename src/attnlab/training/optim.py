@@ -96,6 +96,11 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> Optimizer:
     """The optimizer of ``config`` over :func:`parameter_groups` of ``model``.
 
     ``adam`` applies weight decay as L2 in the gradient (torch's Adam); ``adamw`` decouples it.
+    ``config.optimizer_impl`` chooses the implementation of each (:func:`optimizer_impl`); for
+    ``sgd``, ``"auto"`` is torch's own default (the for-loop on the CPU).
+
+    Raises:
+        ValueError: for ``optimizer_impl="fused"`` where torch's fused kernel does not apply.
     """
     groups = parameter_groups(
         model,
@@ -103,17 +108,20 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> Optimizer:
         decay_norms_and_biases=config.decay_norms_and_biases,
         decay_embeddings=config.decay_embeddings,
     )
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=config.lr, momentum=config.betas[0])
-    cls = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
     impl = optimizer_impl(groups, config.optimizer_impl)
     kwargs = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
+    if config.optimizer == "sgd":  # torch's SGD has the same three implementations
+        if config.optimizer_impl == "auto":  # unchanged since SGD first ran: torch's choice
+            kwargs = {}
+        return torch.optim.SGD(groups, lr=config.lr, momentum=config.betas[0], **kwargs)
+    cls = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
     return cls(groups, lr=config.lr, betas=config.betas, eps=config.adam_eps, **kwargs)
 
 
 def optimizer_impl(groups: list[dict[str, Any]], asked: str) -> str:
-    """The Adam(W) implementation to use: ``"auto"`` picks ``fused`` (one kernel over all
-    tensors, several times faster on the CPU) where it applies, else ``for-loop``.
+    """The implementation of Adam(W) or SGD to use: ``"auto"`` picks ``fused`` (one kernel over
+    all tensors, several times faster on the CPU) where it applies, else ``for-loop``
+    (:func:`build_optimizer` keeps torch's own default for SGD's ``"auto"``).
 
     The implementations agree to rounding, not bitwise: one ulp of difference in the first
     update is amplified by Adam on parameters whose gradient is only rounding noise (a key

@@ -25,6 +25,11 @@ Older layouts: a run of attnlab 0.1's recipes (``train_config.json`` instead of 
 still loads and resumes (its trainer state is read as version 1); a run of 0.1's translation
 loop (``run.json`` with a ``config`` key, ``checkpoints/step_*/state.json``) is recognised and
 refused with the way to convert it (:func:`attnlab.training.legacy.convert_translation_run`).
+A ``run.json`` of a newer attnlab (a higher ``version``), or of another ``format``, is refused
+(:func:`check_record`) and never rewritten as this version's.
+
+One process writes a run directory at a time: it owns the directory's ``.lock``
+(:mod:`attnlab.training.runlock`).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from torch import Tensor, nn
 from attnlab.io import (
     atomic_write_json,
     atomic_write_text,
+    check_version,
     read_json,
     remove_stale_temp_files,
 )
@@ -131,7 +137,8 @@ class RunDir:
 
         Raises:
             FileNotFoundError: if neither exists. RunDirError: for a translation run of attnlab
-            0.1, or a record that is not a run record.
+            0.1, or a record that is not a run record. FormatError / NewerVersionError
+            (``ValueError`` s): for a record of another format or of a newer attnlab.
         """
         if self.is_legacy_translation():
             raise RunDirError(
@@ -144,6 +151,8 @@ class RunDir:
             file = self.path / name
             if file.is_file():
                 data: dict[str, Any] = read_json(file, what="run record", expect=dict)
+                if name == RUN_NAME:
+                    check_record(file, data)
                 missing = [k for k in ("recipe", "options", "train", "model") if k not in data]
                 if missing:
                     raise RunDirError(
@@ -160,9 +169,12 @@ class RunDir:
         sessions: list[Any] = []
         if self.record_file.is_file():
             try:
-                sessions = list(read_json(self.record_file, expect=dict).get("sessions", []))
+                old = read_json(self.record_file, what="run record", expect=dict)
             except ValueError:  # torn by a kill in an older version: the sessions are lost
                 logger.warning("%s was unreadable; its session list starts again", self.record_file)
+            else:  # a newer attnlab's record is never rewritten as this version's
+                check_record(self.record_file, old)
+                sessions = list(old.get("sessions", []))
         data = {"format": RUN_FORMAT, "version": RUN_VERSION, **record}
         data["sessions"] = [*sessions, {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), **session}]
         atomic_write_json(self.record_file, data)
@@ -278,6 +290,17 @@ class RunDir:
         return directory
 
 
+def check_record(file: Path, data: Mapping[str, Any]) -> int:
+    """The version of the run record ``data`` (read from ``file``): attnlab's format, a version
+    this release reads (a record without one is version 1).
+
+    Raises:
+        FormatError: for another format. NewerVersionError: for a newer attnlab's record.
+    """
+    return check_version(file, data, format=RUN_FORMAT, version=RUN_VERSION,
+                         what="an attnlab run record")  # fmt: skip
+
+
 def is_complete(checkpoint: Path) -> bool:
     """Whether ``checkpoint`` holds the model files and the trainer state files."""
     names = (WEIGHTS_NAME, CONFIG_NAME, STATE_NAME, STATE_TENSORS_NAME)
@@ -359,6 +382,7 @@ __all__ = [
     "TOKENIZER_NAME",
     "RunDir",
     "RunDirError",
+    "check_record",
     "find_tokenizer",
     "is_complete",
     "latest_checkpoint",

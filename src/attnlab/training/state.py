@@ -14,7 +14,8 @@ could be mistaken for a tag. Names of tensors are their paths in the state (``op
 layers.0.ffn.up_proj.weight/exp_avg``).
 
 Versions: 2 stores the data position under ``"data"``; version 1 (attnlab 0.1) kept the data
-generator in ``rng["data"]`` and is read as version 2.
+generator in ``rng["data"]`` and is read as version 2. A state of a newer version is refused
+(:func:`attnlab.io.check_version`'s ``NewerVersionError``), never taken for a damaged one.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file
 from torch import Tensor, nn
 
-from attnlab.io import read_json, write_files_together
+from attnlab.io import check_version, read_json, write_files_together
 from attnlab.pretrained import WEIGHTS_NAME
 
 STATE_NAME = "trainer_state.json"
@@ -164,6 +165,8 @@ def read_training_state(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any
     Raises:
         FileNotFoundError: if a state file is missing (``trainer_state.pt`` files of older
             versions are not read).
+        NewerVersionError: for a state written by a newer attnlab (a ``ValueError``: naming
+            the file and both versions; never to be taken for damage).
         ValueError: for a state file that is not attnlab's format, or a damaged tensor file
             (each naming the file).
     """
@@ -176,11 +179,8 @@ def read_training_state(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any
             raise FileNotFoundError(f"no {name} in {directory}{old}")
     file = directory / STATE_NAME
     data = read_json(file, what="trainer state", expect=dict)
-    if data.get("format") != STATE_FORMAT:
-        raise ValueError(f"{file} is not an attnlab trainer state (format {STATE_FORMAT!r})")
-    version = data.get("version")
-    if version not in (1, STATE_VERSION):
-        raise ValueError(f"{file} has version {version!r}; expected 1 or {STATE_VERSION}")
+    version = check_version(file, data, format=STATE_FORMAT, version=STATE_VERSION,
+                            what="an attnlab trainer state", required=True)  # fmt: skip
     tensors = load_tensors(directory / STATE_TENSORS_NAME)
     state: dict[str, Any] = unflatten_state(data["state"], tensors)
     if version == 1:  # the data generator lived in the RNG states

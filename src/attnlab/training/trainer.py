@@ -15,7 +15,9 @@ Determinism on CPU: the data stream (its position), torch's global RNG (dropout)
 are seeded from ``config.seed``; a checkpoint stores them with the optimizer and scheduler
 states, so ``fit(resume=True)`` continues bitwise as the uninterrupted run would. A resume uses
 the newest checkpoint that loads, falling back to older ones (with a warning) when one is
-damaged, and never starts over in a directory that has checkpoints. A non-finite training loss
+damaged (never past one a newer attnlab wrote: that is refused), and never starts over in a
+directory that has checkpoints. The run directory is owned (locked) by rank 0 while ``fit``
+runs (:mod:`attnlab.training.runlock`): a second writer is refused. A non-finite training loss
 stops the run with :class:`NonFiniteLossError` before anything is written.
 
 Mixture-of-experts models (:mod:`attnlab.training.moe`): the objective's ``aux_loss`` (the
@@ -64,6 +66,7 @@ from attnlab.training.objectives import Objective
 from attnlab.training.optim import build_optimizer, build_scheduler, describe_optimizer
 from attnlab.training.progress import Progress
 from attnlab.training.rundir import RunDir
+from attnlab.training.runlock import RunLock, RunOwnedError, acquire
 from attnlab.transforms.activation_checkpointing import checkpoint_blocks, checkpointed_blocks
 from attnlab.transforms.compile import compile_model
 
@@ -403,7 +406,9 @@ class Trainer:
 
         Raises:
             NonFiniteLossError: when the loss becomes NaN or infinite.
+            RunOwnedError: when another process owns (writes) the run directory.
             RunDirError: when resuming a directory whose checkpoints all fail to load.
+            NewerVersionError: when resuming from a checkpoint of a newer attnlab.
         """
         c, main = self.config, self.dist.is_main
         if c.max_epochs is not None and self.stream.epoch is None:
@@ -416,22 +421,41 @@ class Trainer:
         warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
         if c.deterministic:  # restored when fit returns
             torch.use_deterministic_algorithms(True, warn_only=True)
-        resumed = resume and (self._resumed if self._resumed is not None else self.resume())
-        log = None
-        if self.run is not None and main:  # only rank 0 writes files
-            log = MetricsLogger(self.run.path, tensorboard=c.tensorboard,
-                                resume_step=self.step if resumed else None)  # fmt: skip
-        result = FitResult(step=self.step)
+        owner, log = None, None
         try:
+            owner = self._own_run()  # before anything of the run is read or written
+            resumed = resume and (self._resumed if self._resumed is not None else self.resume())
+            if self.run is not None and main:  # only rank 0 writes files
+                log = MetricsLogger(self.run.path, tensorboard=c.tensorboard,
+                                    resume_step=self.step if resumed else None)  # fmt: skip
+            result = FitResult(step=self.step)
             self._loop(result, log, until)
         finally:
             if log is not None:
                 log.close()
+            if owner is not None:
+                owner.release()
             torch.use_deterministic_algorithms(was_deterministic, warn_only=warn_only)
         result.step, result.elapsed_s = self.step, self.elapsed
         result.best_value, result.best_step = self.best_value, self.best_step
         result.compile_s, result.setup = self.compile_s, self.setup_info()
         return result
+
+    def _own_run(self) -> RunLock | None:
+        """Rank 0 owns the run directory for the session (:mod:`attnlab.training.runlock`;
+        re-entrant: ``train_recipe`` took it already); every process learns together whether
+        it was refused, so that none waits in a collective for a rank that stopped."""
+        lock, refused = None, None
+        if self.run is None:
+            return None
+        if self.dist.is_main:
+            try:
+                lock = acquire(self.run.path)
+            except RunOwnedError as e:
+                refused = e
+        if any_rank(refused is not None, self.dist):
+            raise refused or RunOwnedError(f"{self.run.path} is owned by another process")
+        return lock
 
     def _loop(self, result: FitResult, log: MetricsLogger | None, until: int | None) -> None:
         c, start = self.config, time.monotonic()

@@ -6,8 +6,10 @@ it, and :func:`attnlab.save_pretrained` of a quantized model writes it:
 
 - ``config.json``: the model config exactly as attnlab writes it
   (:func:`attnlab.config.config_to_dict`, with its ``model_type``);
-- ``quantization.json``: ``{"version": 1, "config": QuantizationConfig, "tensors": ...}`` (how
-  to rebuild the structure, and a description of the tensors);
+- ``quantization.json``: ``{"format": "attnlab-quantization", "version": 1, "config":
+  QuantizationConfig, "tensors": ...}`` (how to rebuild the structure, and a description of the
+  tensors). Files written before the ``format`` key existed load as they are; a newer
+  ``version`` is refused, naming both versions;
 - ``model.safetensors``: the state dict of the quantized model: for a quantized layer ``NAME``,
   ``NAME.qweight`` (int8 ``(N, K)``, or int4 codes in the canonical nibble layout
   ``(N, ceil(K/2))`` uint8), ``NAME.scales``, int4's ``NAME.zeros`` and ``NAME.bias``; every
@@ -23,7 +25,10 @@ builds the model from its config, applies the recorded structure with empty quan
 loads the tensors: the result computes bitwise what the saved model computed.
 
 The three files are written with :func:`attnlab.io.write_files_together` (all complete before
-any replaces an old one).
+any replaces an old one). As in attnlab's own format, the weights' metadata binds them to the
+config (:mod:`attnlab.integrity`: the digest of ``config.json``, the content digest of the
+tensors), checked on loading unless ``verify=False``; directories written before have no digests
+and load as before.
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from attnlab.config import config_to_dict
-from attnlab.io import json_text, read_json, write_files_together
+from attnlab.integrity import save_bound, verify_binding
+from attnlab.io import check_version, json_text, read_json, write_files_together
 from attnlab.models import build_model, config_from_json_dict
 from attnlab.transforms.quant_modules import QuantizedLinear
 from attnlab.transforms.quantize import QuantizationConfig, apply_quantization
@@ -49,6 +55,7 @@ from attnlab.transforms.quantize import QuantizationConfig, apply_quantization
 CONFIG_NAME = "config.json"  # the same names as attnlab.pretrained's model directory
 WEIGHTS_NAME = "model.safetensors"
 QUANTIZATION_NAME = "quantization.json"
+QUANTIZATION_FORMAT = "attnlab-quantization"
 FORMAT_VERSION = 1
 TENSORS_DOC = {
     "int8": "NAME.qweight int8 (N, K), NAME.scales float32 (N,): W = qweight * scales[:, None]",
@@ -100,7 +107,8 @@ def save_quantized(model: nn.Module, path: str | os.PathLike[str]) -> Path:
     tensors, aliases = _unique_tensors(model)
     tensors = {k: v.cpu() for k, v in tensors.items()}
     config_text = json_text(config_to_dict(config))
-    record = {"version": FORMAT_VERSION, "config": qconfig.to_dict(), "tensors": TENSORS_DOC}
+    record = {"format": QUANTIZATION_FORMAT, "version": FORMAT_VERSION,
+              "config": qconfig.to_dict(), "tensors": TENSORS_DOC}  # fmt: skip
     quant_text = json_text(record)
 
     def text(value: str) -> Any:
@@ -109,8 +117,9 @@ def save_quantized(model: nn.Module, path: str | os.PathLike[str]) -> Path:
 
         return write
 
-    def weights(tmp: str) -> None:
-        save_file(tensors, tmp, metadata={"format": "pt", **aliases})
+    def weights(tmp: str) -> None:  # + the digests of config.json and the tensors
+        save_bound(save_file, tensors, tmp, metadata={"format": "pt", **aliases},
+                   config_text=config_text)  # fmt: skip
 
     directory = Path(path)
     write_files_together(
@@ -147,12 +156,14 @@ def read_quantization_config(path: str | os.PathLike[str]) -> QuantizationConfig
 
     Raises:
         FileNotFoundError: without ``quantization.json``.
-        ValueError: for invalid JSON, another format version, or bad values (naming the file).
+        ValueError: for invalid JSON or bad values (naming the file); ``FormatError`` for
+            another format, ``NewerVersionError`` for a newer attnlab's record (both versions
+            named; :func:`attnlab.io.check_version`).
     """
     file = Path(path) / QUANTIZATION_NAME
     data = read_json(file, what="quantization record", expect=dict)
-    if data.get("version") != FORMAT_VERSION:
-        raise ValueError(f"{file}: version {data.get('version')!r} is not {FORMAT_VERSION}")
+    check_version(file, data, format=QUANTIZATION_FORMAT, version=FORMAT_VERSION,
+                  what="an attnlab quantization record")  # fmt: skip
     config = data.get("config")
     if not isinstance(config, dict):
         raise ValueError(f"{file}: 'config' must be a JSON object, got {type(config).__name__}")
@@ -252,13 +263,24 @@ def check_tensors(file: str | os.PathLike[str], model: nn.Module) -> None:
         )
 
 
-def _read_tensors(file: Path) -> dict[str, Tensor]:
-    """The tensors of ``file`` with every alias of the metadata added back (same tensor)."""
+def _read_tensors(file: Path, *, verify: bool = False) -> dict[str, Tensor]:
+    """The tensors of ``file`` with every alias of the metadata added back (same tensor);
+    with ``verify``, checked against the digests the metadata records (and the directory's
+    ``config.json``; :func:`attnlab.integrity.verify_binding`).
+
+    Raises:
+        DigestMismatchError: (``verify``) for a config or tensors other than those saved.
+    """
     tensors = load_file(str(file))
     _, metadata = _header(file)
-    for name, stored in metadata.items():
-        if stored in tensors and name not in tensors:
-            tensors[name] = tensors[stored]
+    if verify:
+        config_file = file.parent / CONFIG_NAME
+        data = read_json(config_file, what="model config", expect=dict)
+        verify_binding(file, metadata, tensors, config_file=config_file, config_data=data)
+    stored = set(tensors)
+    for name, target in metadata.items():
+        if target in stored and name not in tensors:
+            tensors[name] = tensors[target]
     return tensors
 
 
@@ -274,9 +296,12 @@ def load_config_of(path: str | os.PathLike[str]) -> Any:
 
 
 def load_quantized(
-    path: str | os.PathLike[str], *, device: torch.device | str = "cpu"
+    path: str | os.PathLike[str], *, device: torch.device | str = "cpu", verify: bool = True
 ) -> nn.Module:
-    """Rebuild the quantized model saved in ``path`` (eval mode), bitwise as it was saved.
+    """Rebuild the quantized model saved in ``path`` (eval mode), bitwise as it was saved;
+    with ``verify``, ``config.json`` and the tensors are checked against the digests the weights
+    record (:mod:`attnlab.integrity`; a directory written before them has none:
+    :class:`~attnlab.integrity.DigestMismatchError` otherwise).
 
     Raises:
         FileNotFoundError: for a missing ``config.json``, ``quantization.json`` or weights.
@@ -306,12 +331,13 @@ def load_quantized(
         raise ValueError(f"{directory / QUANTIZATION_NAME}: {e}") from None
     check_tensors(weights, meta)
     model = quantized_structure(config, qconfig)
-    model.load_state_dict(_read_tensors(weights), strict=True)
+    model.load_state_dict(_read_tensors(weights, verify=verify), strict=True)
     model = model.to(device)
     return model.eval()
 
 
 __all__ = [
+    "QUANTIZATION_FORMAT",
     "QUANTIZATION_NAME",
     "check_tensors",
     "is_quantized_dir",

@@ -14,7 +14,9 @@ Sequences (§3, the decoder "consumes the previously generated symbols"):
 Length policy (no silent truncation): a pair whose source or target sequence is longer than the
 model's ``max_len`` is **dropped from training/validation-loss data with a counted warning**
 (:attr:`EncodedPairs.dropped`, also logged by the trainer); translation of a too-long source
-raises ``ValueError`` instead, so test scores always cover every sentence.
+raises ``ValueError`` instead, so test scores always cover every sentence. Empty lines: a split
+with more than 1% of its pairs empty on one side is refused as damaged or misaligned; fewer are
+kept with a warning that counts them (:func:`load_pairs`).
 
 Batching (§5.1: "sentence pairs were batched together by approximate sequence length"): pairs
 are sorted by length (ties in random order), cut greedily into batches whose padded size
@@ -48,6 +50,9 @@ from attnlab.translation.tokenizer import TranslationTokenizer
 logger = logging.getLogger(__name__)
 
 DATA_ENV = "ATTNLAB_DATA"
+# A split may hold a few empty sentences (kept, with a warning); more than this fraction of pairs
+# with an empty (or blank) source or target means damaged or misaligned files: refused.
+MAX_EMPTY_FRACTION = 0.01
 SPLITS = ("train", "val", "test_2016_flickr")
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 # sha256 of the files this project was built and tested with (../shared/data/multi30k).
@@ -147,8 +152,16 @@ def load_pairs(
 ) -> list[tuple[str, str]]:
     """Aligned ``(source, target)`` sentences of one split (the first ``limit`` if given).
 
+    Empty lines: a pair whose source or target is empty (or only blanks) teaches nothing and
+    scores nothing; Multi30k has none. Up to :data:`MAX_EMPTY_FRACTION` (1%) of the pairs read
+    may be such pairs: they are kept (a test set is scored on every line), and a warning says
+    how many and where the first ones are. More than that means damaged or misaligned files
+    (a blank line shifting one side, a file of blank lines) and is refused.
+
     Raises:
-        ValueError: for ``src == tgt``, an unknown language, files of different lengths.
+        ValueError: for ``src == tgt``, an unknown language, files of different lengths, or
+            more than 1% of the pairs with an empty side (naming the files, the counts and the
+            first line numbers).
         FileNotFoundError: for a missing directory or split.
     """
     if src == tgt:
@@ -159,7 +172,33 @@ def load_pairs(
             f"{split}.{src} has {len(sources)} lines but {split}.{tgt} has {len(targets)}"
         )
     pairs = list(zip(sources, targets, strict=True))
-    return pairs if limit is None else pairs[:limit]
+    pairs = pairs if limit is None else pairs[:limit]
+    _check_empty(pairs, resolve_data_dir(directory), split, src, tgt)
+    return pairs
+
+
+def _check_empty(
+    pairs: Sequence[tuple[str, str]], directory: Path, split: str, src: str, tgt: str
+) -> None:
+    """Warn about pairs with an empty side, or refuse more than :data:`MAX_EMPTY_FRACTION` of
+    them (see :func:`load_pairs`)."""
+    empty = [i for i, (s, t) in enumerate(pairs) if not s.strip() or not t.strip()]
+    if not empty:
+        return
+    n_src = sum(not s.strip() for s, _ in pairs)
+    n_tgt = sum(not t.strip() for _, t in pairs)
+    lines = ", ".join(str(i + 1) for i in empty[:5]) + (", ..." if len(empty) > 5 else "")
+    what = (
+        f"{len(empty)} of {len(pairs)} pairs of {split}.{src} / {split}.{tgt} in {directory} "
+        f"have an empty side ({n_src} empty {src} lines, {n_tgt} empty {tgt} lines; lines "
+        f"{lines})"
+    )
+    if len(empty) > MAX_EMPTY_FRACTION * len(pairs):
+        raise ValueError(
+            f"{what}: more than {MAX_EMPTY_FRACTION:.0%} of the pairs, so the files are "
+            "damaged or misaligned; remove the empty lines from both files (line by line)"
+        )
+    logger.warning("%s: kept (at most %.0f%% may be)", what, 100 * MAX_EMPTY_FRACTION)
 
 
 def download_multi30k(

@@ -38,6 +38,7 @@ def translate(
     batch_size: int = 64,
     extra_tokens: int = EXTRA_OUTPUT_TOKENS,
     progress: bool = False,
+    memory_check: bool = True,
 ) -> list[str]:
     """Translate ``sentences`` (plain text) to plain text, in order.
 
@@ -47,13 +48,15 @@ def translate(
         extra_tokens: the output may be this many tokens longer than the source (capped by
             the model's ``max_seq_len``).
         progress: a tqdm bar over the sentences (on stderr).
+        memory_check: refuse a batch whose decoding cannot fit in memory before allocating
+            (:mod:`attnlab.generation.memory`); ``False`` skips the check.
 
     Returns:
         One translation per sentence; an empty (or blank) sentence gives ``""``.
 
     Raises:
         ValueError: for a source longer than the model's ``max_seq_len`` (EOS included), a
-            beam or batch size < 1.
+            beam or batch size < 1, or (``MemoryLimitError``) a batch of beams that cannot fit.
     """
     if beam < 1 or batch_size < 1:
         raise ValueError(f"beam and batch_size must be >= 1, got {beam}, {batch_size}")
@@ -78,6 +81,7 @@ def translate(
             max_new_tokens=min(cfg.max_seq_len, longest + extra_tokens),
             num_beams=beam,
             length_penalty=alpha,
+            memory_check=memory_check,
         )  # (B, N)
         for i, row in zip(chunk, new.tolist(), strict=True):
             out[i] = tokenizer.decode(row)

@@ -120,14 +120,34 @@ class TranslationTokenizer:
 
         Raises:
             FileNotFoundError: if there is no such file.
-            ValueError: if it lacks the special tokens at ids 0-3, or is damaged (naming it).
+            ValueError: naming the file, for a damaged one, attnlab's character tokenizer (a
+                character-level run's) or another tokenizer without the special tokens at ids
+                0-3: translation needs the joint BPE tokenizer of a translation run.
         """
+        from attnlab.io import read_json
+        from attnlab.tokenizers import CHAR_FORMAT
+
         file = Path(path)
         if file.is_dir():
             file = file / TOKENIZER_NAME
         if not file.is_file():
             raise FileNotFoundError(f"no {TOKENIZER_NAME} at {path}")
-        return cls(library_tokenizer(_tokenizers().Tokenizer, file))
+        data = read_json(file, what="tokenizer file")
+        needs = ("translation needs the joint source+target BPE tokenizer that 'attnlab train "
+                 "translate' writes beside its model")  # fmt: skip
+        if isinstance(data, dict) and (
+            data.get("format") == CHAR_FORMAT or data.get("type") == "char"
+        ):
+            raise ValueError(
+                f"{file} is attnlab's character tokenizer (a character-level run's, such as "
+                f"'attnlab train shakespeare-char'), not a translation tokenizer: {needs}"
+            )
+        try:
+            return cls(library_tokenizer(_tokenizers().Tokenizer, file))
+        except ValueError as e:
+            if str(file) in str(e):  # damaged: the message names the file already
+                raise
+            raise ValueError(f"{file} is not a translation tokenizer ({e}): {needs}") from None
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the tokenizer atomically to ``path`` (a ``.json`` file), or to

@@ -6,14 +6,17 @@ a text, or token ids, runs one forward pass with :func:`~attnlab.viz.capture.col
 token labels and, per stack, per layer, the ``(H, T, S)`` weights. For an encoder-decoder model the
 target is the given target text/ids, or else the model's own greedy translation of the source, so
 that cross-attention (target queries x source keys) shows what the model attends to when it
-writes. :func:`load_for_viz` loads a checkpoint directory (attnlab's or Hugging Face's) and its
-``tokenizer.json`` when there is one.
+writes. :func:`load_for_viz` loads a checkpoint directory (attnlab's or Hugging Face's, or a run
+directory) and its ``tokenizer.json`` when there is one: a ``tokenizers``-library file, or
+attnlab's character tokenizer (a ``shakespeare-char`` run's), whose tokens are its characters. A
+text the tokenizer file truncates is mapped as cut, with a logged warning giving both lengths.
 
 Shapes: H heads, T queries, S keys (T = S for self-attention).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +31,10 @@ from attnlab.viz.capture import collect_attention
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
+
+    from attnlab.tokenizers import CharTokenizer
+
+logger = logging.getLogger(__name__)
 
 STACK_TITLES = {
     "self": "self-attention",
@@ -127,42 +134,90 @@ def find_token(tokens: Sequence[str], word: str) -> list[int]:
 
 def load_for_viz(
     path: str | os.PathLike[str], *, tokenizer: str | os.PathLike[str] | None = None
-) -> tuple[nn.Module, Tokenizer | None]:
-    """A checkpoint directory's model (eval mode) and its ``tokenizer.json`` (``None`` if absent).
+) -> tuple[nn.Module, Tokenizer | CharTokenizer | None]:
+    """A checkpoint directory's model (eval mode) and its tokenizer (``None`` if absent).
 
     Args:
-        path: attnlab or Hugging Face checkpoint directory.
+        path: attnlab or Hugging Face checkpoint directory, or a run directory (its newest
+            checkpoint); its ``tokenizer.json`` is its own, else its run's.
         tokenizer: a ``tokenizer.json`` file or directory to use instead of the checkpoint's.
+
+    Returns:
+        The model and a ``tokenizers.Tokenizer`` (padding off) or, for attnlab's character
+        tokenizer, a :class:`~attnlab.tokenizers.CharTokenizer`.
 
     Raises:
         FileNotFoundError: for a missing directory, config, weights or given tokenizer.
+        ValueError: for a damaged tokenizer file (naming it).
     """
-    from attnlab.interop.tokenizer import TOKENIZER_NAME, load_tokenizer
     from attnlab.pretrained import from_pretrained
+    from attnlab.training.rundir import find_tokenizer
 
     model = from_pretrained(path)
-    if tokenizer is not None:
-        return model, load_tokenizer(tokenizer)
-    has_own = (Path(path) / TOKENIZER_NAME).is_file()
-    return model, load_tokenizer(path) if has_own else None
+    file = Path(tokenizer) if tokenizer is not None else find_tokenizer(path)
+    return model, (_load_tokenizer(file) if file is not None else None)
+
+
+def _load_tokenizer(file: Path) -> Tokenizer | CharTokenizer:
+    """Any ``tokenizer.json`` (:func:`attnlab.tokenizers.load_tokenizer`): the library's
+    tokenizer itself for a library file, attnlab's character tokenizer as it is."""
+    from attnlab.tokenizers import CharTokenizer, LibraryTokenizer
+    from attnlab.tokenizers import load_tokenizer as load_any
+
+    tok = load_any(file)
+    if isinstance(tok, CharTokenizer):
+        return tok
+    backend = cast(LibraryTokenizer, tok).backend
+    backend.no_padding()  # type: ignore[attr-defined]  # one sequence: never padded
+    return cast("Tokenizer", backend)
+
+
+def _label(tokenizer: Tokenizer | CharTokenizer, i: int, missing: str | None = None) -> str:
+    """The display label of token id ``i``: its string, else ``missing`` (default the id)."""
+    from attnlab.tokenizers import CharTokenizer
+
+    if isinstance(tokenizer, CharTokenizer):
+        if not 0 <= i < tokenizer.vocab_size:
+            return missing or str(i)
+        return clean_token(tokenizer.decode([i]))
+    return clean_token(tokenizer.id_to_token(i) or missing or str(i))
 
 
 def _encode(
-    tokenizer: Tokenizer | None, text: str | None, ids: Sequence[int] | None, *, special: bool
+    tokenizer: Tokenizer | CharTokenizer | None,
+    text: str | None,
+    ids: Sequence[int] | None,
+    *,
+    special: bool,
 ) -> tuple[list[int], list[str], list[int]]:
     """``(ids, labels, type_ids)`` from explicit ids or from text through the tokenizer."""
+    from attnlab.tokenizers import CharTokenizer
+
     if ids is not None:
         ids = [int(i) for i in ids]
         if tokenizer is None:
             return ids, [str(i) for i in ids], [0] * len(ids)
-        return ids, [clean_token(tokenizer.id_to_token(i) or str(i)) for i in ids], [0] * len(ids)
+        return ids, [_label(tokenizer, i) for i in ids], [0] * len(ids)
     if text is None:
         raise ValueError("pass a text or token ids")
     if tokenizer is None:
         raise ValueError(
             "this checkpoint has no tokenizer.json: pass token ids (--ids) or a tokenizer"
         )
+    if isinstance(tokenizer, CharTokenizer):  # one token per character, no specials added
+        seq = tokenizer.encode(text)
+        return seq, [_label(tokenizer, i) for i in seq], [0] * len(seq)
     enc = tokenizer.encode(text, add_special_tokens=special)
+    if enc.overflowing:  # the tokenizer file truncates: the map shows only the first tokens
+        from attnlab.interop.tokenizer import untruncated_lengths
+
+        full = untruncated_lengths(tokenizer, [text], add_special_tokens=special)[0]
+        logger.warning(
+            "the text has %d tokens; the tokenizer (its truncation setting) keeps the first %d, "
+            "so the attention maps cover only those",
+            full,
+            len(enc.ids),
+        )
     return list(enc.ids), [clean_token(t) for t in enc.tokens], list(enc.type_ids)
 
 
@@ -171,7 +226,7 @@ def attention_for_text(
     model: nn.Module,
     text: str | None = None,
     *,
-    tokenizer: Tokenizer | None = None,
+    tokenizer: Tokenizer | CharTokenizer | None = None,
     ids: Sequence[int] | None = None,
     target: str | None = None,
     target_ids: Sequence[int] | None = None,
@@ -181,7 +236,8 @@ def attention_for_text(
 
     Args:
         model: a BERT, GPT or EncoderDecoderTransformer.
-        text: the input (the source for an encoder-decoder), tokenised by ``tokenizer``.
+        text: the input (the source for an encoder-decoder), tokenised by ``tokenizer`` (a
+            ``tokenizers.Tokenizer`` or attnlab's :class:`~attnlab.tokenizers.CharTokenizer`).
         ids: token ids instead of ``text`` (labelled by the tokenizer when given, else by id).
         target, target_ids: encoder-decoder only: the decoder input after BOS; default the
             model's greedy output (up to ``max_new_tokens``).
@@ -215,7 +271,7 @@ def attention_for_text(
 def _seq2seq(
     model: nn.Module,
     text: str | None,
-    tokenizer: Tokenizer | None,
+    tokenizer: Tokenizer | CharTokenizer | None,
     ids: Sequence[int] | None,
     target: str | None,
     target_ids: Sequence[int] | None,
@@ -235,7 +291,7 @@ def _seq2seq(
         target_ids = out
     tgt_ids, tgt_labels, _ = _encode(tokenizer, target, target_ids, special=False)
     _check_ids(tgt_ids, c.target_vocab_size)
-    bos = clean_token(tokenizer.id_to_token(c.bos_id) or "<bos>") if tokenizer else "<bos>"
+    bos = _label(tokenizer, c.bos_id, "<bos>") if tokenizer is not None else "<bos>"
     tgt = torch.tensor([[c.bos_id, *tgt_ids]], device=device)  # (1, T)
     stacks = collect_attention(model, src, tgt)
     return AttentionMaps(src_labels, [bos, *tgt_labels], _squeeze(stacks), type(model).__name__)

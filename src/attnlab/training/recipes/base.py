@@ -29,13 +29,14 @@ from torch import nn
 
 from attnlab.config import config_from_dict, config_to_dict
 from attnlab.models import build_model, config_from_json_dict
+from attnlab.pretrained import load_weights
 from attnlab.registry import Registry
 from attnlab.tokenizers import Tokenizer, load_tokenizer
 from attnlab.training.config import TrainConfig
 from attnlab.training.hardware import prepare_for_precision
 from attnlab.training.objectives import Objective
 from attnlab.training.rundir import TOKENIZER_NAME, RunDir, latest_checkpoint
-from attnlab.training.state import load_training_state
+from attnlab.training.state import read_training_state
 from attnlab.training.trainer import Callback
 
 # an older name: the new one, or (value -> {name: value, ...}, the value's type annotation)
@@ -263,17 +264,7 @@ def prepare(
         FileNotFoundError: for data that cannot be found.
     """
     r = recipe if isinstance(recipe, Recipe) else get_recipe(recipe)
-    overrides = expand_aliases(r, dict(overrides or {}))
-    # options first: they decide which model config the other keys are checked against
-    keys = r.keys()
-    only_options = keys["options"] - keys["train"]
-    early = {k.rpartition(".")[2]: v for k, v in overrides.items()
-             if k.rpartition(".")[2] in only_options and k.rpartition(".")[0] in ("", "options")
-             and k.rpartition(".")[2] not in r.keys(r.options)["model"]}  # fmt: skip
-    options = dataclasses.replace(r.options, **early)
-    routed = route_overrides(overrides, r.keys(options))
-    options = dataclasses.replace(options, **routed["options"])
-    train = dataclasses.replace(r.train, **routed["train"])
+    options, train, routed = _settings(r, overrides)
     if check is not None:  # before the data: a config that cannot fit stops here
         provisional = dataclasses.replace(r.model_config(options, None), **routed["model"])
         batch = r.memory_batch(options, train)
@@ -288,6 +279,38 @@ def prepare(
     objective = r.objective(options, model_config, data, train)
     return Prepared(r, model, objective, train, options, model_config, data,
                     r.callbacks(options, model_config, data))  # fmt: skip
+
+
+def _settings(
+    r: Recipe, overrides: Mapping[str, Any] | None
+) -> tuple[Any, TrainConfig, dict[str, dict[str, Any]]]:
+    """The recipe's options and train config with ``overrides`` applied, and the overrides
+    routed to their sections (validated: every config checks its fields when made)."""
+    overrides = expand_aliases(r, dict(overrides or {}))
+    # options first: they decide which model config the other keys are checked against
+    keys = r.keys()
+    only_options = keys["options"] - keys["train"]
+    early = {k.rpartition(".")[2]: v for k, v in overrides.items()
+             if k.rpartition(".")[2] in only_options and k.rpartition(".")[0] in ("", "options")
+             and k.rpartition(".")[2] not in r.keys(r.options)["model"]}  # fmt: skip
+    options = dataclasses.replace(r.options, **early)
+    routed = route_overrides(overrides, r.keys(options))
+    options = dataclasses.replace(options, **routed["options"])
+    train = dataclasses.replace(r.train, **routed["train"])
+    return options, train, routed
+
+
+def check_settings(recipe: str | Recipe, overrides: Mapping[str, Any] | None = None) -> None:
+    """Validate ``overrides`` for ``recipe`` without reading data or touching a file: the
+    options, the train config and the model config they imply (before the data sets the
+    vocabulary). A command checks its flags with this before it looks at the file system.
+
+    Raises:
+        ValueError / TypeError: for an unknown key or an invalid value, as :func:`prepare`.
+    """
+    r = recipe if isinstance(recipe, Recipe) else get_recipe(recipe)
+    options, _, routed = _settings(r, overrides)
+    dataclasses.replace(r.model_config(options, None), **routed["model"])
 
 
 def _model_config(r: Recipe, options: Any, data: Data, fields: dict[str, Any]) -> Any:
@@ -335,7 +358,8 @@ def load_run(run_dir: str | os.PathLike[str], *, weights: bool = True) -> Prepar
         checkpoint = latest_checkpoint(run.path)
         if checkpoint is None:
             raise FileNotFoundError(f"no checkpoint in {run.path}")
-        load_training_state(checkpoint, model)
+        read_training_state(checkpoint)  # a checkpoint, not any model directory
+        load_weights(model, checkpoint)  # checked against its digests (attnlab.integrity)
     objective = r.objective(options, model_config, data, train)
     return Prepared(r, model.eval(), objective, train, options, model_config, data,
                     r.callbacks(options, model_config, data), checkpoint)  # fmt: skip
@@ -346,6 +370,7 @@ __all__ = [
     "Data",
     "Prepared",
     "Recipe",
+    "check_settings",
     "expand_aliases",
     "get_recipe",
     "load_run",

@@ -36,7 +36,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from attnlab.config import Config, check_positive
+from attnlab.config import Config, check_positive, check_seed
 from attnlab.data.augment import AugmentConfig
 from attnlab.data.cifar10 import CLASSES, Cifar10
 from attnlab.data.common import Split
@@ -114,6 +114,7 @@ class Cifar10Options(Config):
         super().validate()
         check_positive(train_per_class=self.train_per_class, val_per_class=self.val_per_class,
                        test_per_class=self.test_per_class)  # fmt: skip
+        check_seed(split_seed=self.split_seed)
         if self.n_val < len(CLASSES) or self.n_val % len(CLASSES):
             raise ValueError(
                 f"n_val must be a positive multiple of {len(CLASSES)} (the same number of "

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from attnlab.config import Config
+from attnlab.config import Config, check_seed
 from attnlab.data.images import ArrayImageDataset, load_digits
 from attnlab.models.cnn import CNNConfig
 from attnlab.models.vit import ViTConfig
@@ -31,6 +31,7 @@ class DigitsOptions(Config):
 
     def validate(self) -> None:
         super().validate()
+        check_seed(split_seed=self.split_seed)
         for name in ("test_fraction", "val_fraction"):
             value = getattr(self, name)
             if not 0.0 < value < 1.0:

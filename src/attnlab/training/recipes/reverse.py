@@ -47,6 +47,10 @@ class ReverseOptions(Config):
         super().validate()
         check_positive(vocab=self.vocab, min_len=self.min_len, max_len=self.max_len,
                        eval_size=self.eval_size, lr_factor=self.lr_factor)  # fmt: skip
+        if self.min_len > self.max_len:  # checked with the flags, before any file is looked at
+            raise ValueError(
+                f"need 1 <= min_len <= max_len, got min_len={self.min_len}, max_len={self.max_len}"
+            )
 
 
 def _task(options: ReverseOptions) -> ReverseTask:
@@ -55,7 +59,7 @@ def _task(options: ReverseOptions) -> ReverseTask:
 
 def _data(options: ReverseOptions, tokenizer: Tokenizer | None, train: TrainConfig) -> Data:
     task = _task(options)
-    heldout = task.heldout(options.eval_size, seed=train.seed + 1)
+    heldout = task.heldout(options.eval_size, seed=(train.seed + 1) % 2**64)
     info = {"task": "reverse", "lengths": [options.min_len, options.max_len]}
     return Data({"task": task, "heldout": heldout}, None, info)
 

@@ -5,6 +5,12 @@ holds a run (unless resuming or overwriting), resumes with the run's own setting
 (:func:`resumed_overrides`: flags given then may change only the budget and bookkeeping),
 builds the recipe (:func:`~attnlab.training.recipes.prepare`), writes ``run.json`` and the
 tokenizer, and trains on the one :class:`~attnlab.training.Trainer`.
+
+The writing process (rank 0) owns the run directory for the whole session
+(:mod:`attnlab.training.runlock`): it takes the lock before it reads or writes anything
+there, so a second writer is refused at once and changes nothing. A resume loads its
+checkpoint before anything is written: a refused resume (a newer attnlab's files, no
+loadable checkpoint) leaves the directory as it was.
 """
 
 from __future__ import annotations
@@ -14,13 +20,20 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
+
 from attnlab.config import config_from_dict
 from attnlab.tokenizers import load_tokenizer
 from attnlab.training.config import TrainConfig
-from attnlab.training.distributed import DistributedContext, current_context
+from attnlab.training.distributed import (
+    DistributedContext,
+    current_context,
+    launched_by_torchrun,
+)
 from attnlab.training.recipes.base import (
     Prepared,
     Recipe,
+    check_settings,
     expand_aliases,
     get_recipe,
     prepare,
@@ -28,6 +41,7 @@ from attnlab.training.recipes.base import (
     stored_aliases,
 )
 from attnlab.training.rundir import TOKENIZER_NAME, RunDir, RunDirError
+from attnlab.training.runlock import acquire
 from attnlab.training.trainer import FitResult, Trainer
 
 # settings a resumed run may change (its budget and bookkeeping, not its trajectory)
@@ -112,42 +126,69 @@ def train_recipe(
         ``(the prepared recipe, what the trainer did)``.
 
     Raises:
+        RunOwnedError: when another process owns (writes) ``out``.
         RunDirError: for a directory holding a run without ``resume``/``overwrite``, or a
             resume with other settings; and the errors of :func:`prepare` and the trainer.
+        NewerVersionError: resuming a run whose files a newer attnlab wrote.
     """
     r = recipe if isinstance(recipe, Recipe) else get_recipe(recipe)
-    run = RunDir(out)
     values: dict[str, Any] = dict(overrides or {})
-    tokenizer = None
-    if resume and run.holds_run():
-        values = resumed_overrides(run, r, values)
-        if (run.path / TOKENIZER_NAME).is_file():
-            tokenizer = load_tokenizer(run.path / TOKENIZER_NAME)
-    elif run.holds_run() and not overwrite:
-        raise RunDirError(
-            f"{run.path} already holds a run: pass --resume to continue it, --overwrite to "
-            "replace it, or another --out/--name"
-        )
-    prepared = prepare(r, values, check=check, tokenizer=tokenizer)
-    if callable(distributed):
-        distributed = distributed()
-    ctx = distributed if distributed is not None else current_context()
-    if ctx.is_main:
-        run.prepare(resume=resume, overwrite=overwrite)
-        save_run_files(prepared, run.path)
-        if on_start is not None:
-            on_start(prepared, run)
-    trainer = Trainer(
-        prepared.model, prepared.objective, prepared.train, run_dir=run,
-        callbacks=prepared.callbacks, d_model=getattr(prepared.model_config, "d_model", None),
-        distributed=ctx,
-    )  # fmt: skip
-    if resume:  # before the record is touched: a refused resume changes nothing
-        trainer.resume()
-    if ctx.is_main:
-        session = {"command": command, "resume": resume, **trainer.setup_info()}
-        run.write_record(prepared.record(), session=session)
-    return prepared, trainer.fit(resume=resume)
+    if not resume:  # the user's mistake first, then the state of the disk
+        check_settings(r, values)
+    run = RunDir(out)
+    # the writing process owns the directory before it reads or writes anything there (a
+    # second writer is refused here, at once); under torchrun that is rank 0 alone
+    lock = acquire(run.path) if _writes(distributed) else None
+    try:
+        tokenizer = None
+        if resume and run.holds_run():
+            values = resumed_overrides(run, r, values)
+            if (run.path / TOKENIZER_NAME).is_file():
+                tokenizer = load_tokenizer(run.path / TOKENIZER_NAME)
+        elif run.holds_run() and not overwrite:
+            raise RunDirError(
+                f"{run.path} already holds a run: pass --resume to continue it, --overwrite to "
+                "replace it, or another --out/--name"
+            )
+        prepared = prepare(r, values, check=check, tokenizer=tokenizer)
+        if callable(distributed):
+            distributed = distributed()
+        ctx = distributed if distributed is not None else current_context()
+        if lock is not None and not ctx.is_main:  # the rank, known only now, is not 0
+            lock.release()
+            lock = None
+        elif lock is None and ctx.is_main:
+            lock = acquire(run.path)
+        trainer = Trainer(
+            prepared.model, prepared.objective, prepared.train, run_dir=run,
+            callbacks=prepared.callbacks, d_model=getattr(prepared.model_config, "d_model", None),
+            distributed=ctx,
+        )  # fmt: skip
+        if resume:  # before anything is written: a refused resume changes nothing
+            trainer.resume()
+        if ctx.is_main:
+            run.prepare(resume=resume, overwrite=overwrite)
+            save_run_files(prepared, run.path)
+            if on_start is not None:
+                on_start(prepared, run)
+            session = {"command": command, "resume": resume, **trainer.setup_info()}
+            run.write_record(prepared.record(), session=session)
+        return prepared, trainer.fit(resume=resume)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _writes(distributed: DistributedContext | Callable[[], DistributedContext] | None) -> bool:
+    """Whether this process will write the run (rank 0), as far as is known before a process
+    group is joined: a given context's rank, the joined group's, else torchrun's ``RANK``."""
+    if isinstance(distributed, DistributedContext):
+        return distributed.is_main
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank() == 0
+    if launched_by_torchrun():
+        return os.environ.get("RANK", "0").strip() == "0"
+    return True
 
 
 __all__ = ["RESUMABLE", "resumed_overrides", "train_recipe"]

@@ -42,7 +42,7 @@ from attnlab.tokenizers import LibraryTokenizer, Tokenizer
 from attnlab.training.config import TrainConfig
 from attnlab.training.objectives import EpochStream, Objective, Seq2SeqBatch, Seq2SeqObjective
 from attnlab.training.recipes.base import RECIPES, Data, Recipe
-from attnlab.training.rundir import EXPORTS, read_export_info
+from attnlab.training.rundir import EXPORTS, RunDir, read_export_info
 from attnlab.training.trainer import Callback, Trainer
 from attnlab.translation.data import (
     EncodedPairs,
@@ -295,8 +295,17 @@ def load_translator(path: str | os.PathLike[str], checkpoint: str | None = None)
 
     Raises:
         FileNotFoundError: for a missing directory, weights or tokenizer.
-        ValueError: if the model is not an encoder-decoder or the tokenizer does not fit it.
+        ValueError: for a run of another recipe, if the model is not an encoder-decoder or the
+            tokenizer is not a translation run's joint BPE or does not fit the model.
     """
+    run = RunDir(path)
+    if Path(path).is_dir() and run.holds_run() and not run.is_legacy_translation():
+        recipe = run.read_record().get("recipe")
+        if recipe != "translate":  # a character-level LM's run has no translation model
+            raise ValueError(
+                f"{path} is a {recipe!r} run, not a translation run: translate needs the model "
+                "and joint BPE tokenizer that 'attnlab train translate' writes"
+            )
     directory = resolve_model_dir(path, checkpoint)
     model: Any = from_pretrained(directory)  # NaN/inf refused; a quantized model directory too
     if not _is_seq2seq(model):
