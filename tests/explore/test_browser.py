@@ -111,6 +111,43 @@ def check_head(page: Any, explorer: Explorer, ids: list[int], layer: int, head: 
     assert lines and all(drawn[q][k] == w for q, k, w in lines)
 
 
+def check_focus(page: Any, explorer: Explorer, ids: list[int], **kw: Any) -> dict[str, Any]:
+    """The page shows the view Explorer.analyze chose to open on (attnlab.explore.focus)."""
+    want = explorer.analyze(ids=ids, **kw)["focus"]
+    got = page.evaluate("[window.__explore.stack, window.__explore.layer, window.__explore.head, "
+                        "window.__explore.query, window.__explore.key]")  # fmt: skip
+    assert got == [want[k] for k in ("stack", "layer", "head", "query", "key")]
+    assert page.input_value("#layer") == str(want["layer"])
+    assert page.input_value("#head") == str(want["head"])
+    assert page.input_value("#query") == str(want["query"])
+    assert page.input_value("#key") == str(want["key"])
+    assert page.inner_text("#focus-note") == want["reason"]
+    return dict(want)
+
+
+# a number written with a minus sign that rounds to zero: "-0", "-0.00", "−0.0000"
+NEGATIVE_ZERO = r"(?<![\d.])[-−]0(\.0+)?(?![\d.])"
+
+
+def check_numbers(page: Any) -> None:
+    """The neuron view's equation reads left to right, each step's result after its "=";
+    no number on the page is written "-0.0000"."""
+    import re
+
+    N = page.evaluate("window.__explore.neuron")
+    eq = page.inner_text("#neuron-eq")
+    fmt = lambda x: page.evaluate("x => window.__explore.fmt(x, 4)", x)  # noqa: E731
+    steps = [f"Σ q·k = {fmt(N['dot'])}", f"× 1/√{N['d_head']} = {fmt(N['scaled'])}"]
+    if N["masked"]:
+        steps.append("masked: score −∞")
+    elif fmt(N["bias"]) != "0.0000":
+        steps.append(f"+ bias/mask {fmt(N['bias'])} = {fmt(N['score'])}")
+    steps.append(f"softmax over the row → {fmt(N['weight'])}")
+    assert eq == "; ".join(steps)
+    text = page.inner_text("body")
+    assert not re.search(NEGATIVE_ZERO, text), re.search(NEGATIVE_ZERO, text)
+
+
 def check_neuron(page: Any, explorer: Explorer, ids: list[int]) -> None:
     got = page.evaluate("window.__explore.neuron")
     s = page.evaluate("[window.__explore.layer, window.__explore.head, window.__explore.query, "
@@ -132,12 +169,19 @@ def test_live_page_for_a_tiny_gpt(context: Any, gpt_explorer: Explorer) -> None:
         page.on("request", lambda r: urls.append(r.url))
         page.goto(url)
         v = wait(page)
+        opened = check_focus(page, gpt_explorer, gpt_explorer.encode(TEXT))  # the default text's
+        check_head(page, gpt_explorer, gpt_explorer.encode(TEXT), opened["layer"], opened["head"])
+        check_numbers(page)
         text = "a mat sat on the cat"
         page.fill("#text", text)
         page.click("#run")
         v = wait(page, v)
         ids = gpt_explorer.encode(text)
         assert page.evaluate("window.__explore.ids") == ids
+        check_head(page, gpt_explorer, ids, opened["layer"], opened["head"])  # a new input: kept
+        page.select_option("#layer", "0")
+        page.select_option("#head", "0")
+        v = wait(page, v)
         check_head(page, gpt_explorer, ids, 0, 0)
         first = page.evaluate("window.__explore.head_weights")
         page.select_option("#layer", "1")
@@ -153,6 +197,11 @@ def test_live_page_for_a_tiny_gpt(context: Any, gpt_explorer: Explorer) -> None:
         v = wait(page, v)
         page.select_option("#key", "4")
         v = wait(page, v)
+        check_neuron(page, gpt_explorer, ids)
+        check_numbers(page)
+        page.click("#focus")  # back to the view the page would open on for this input
+        v = wait(page, v)
+        check_focus(page, gpt_explorer, ids)
         check_neuron(page, gpt_explorer, ids)
         with torch.no_grad():
             logits = gpt_explorer.model(torch.tensor([ids]))[0][0, -1].double()
@@ -210,7 +259,9 @@ def test_static_export(context: Any, gpt_explorer: Explorer, tmp_path: Path) -> 
         v = wait(page)
         ids = gpt_explorer.encode(TEXT)
         assert page.evaluate("window.__explore.mode") == "static"
-        check_head(page, gpt_explorer, ids, 0, 0)
+        opened = check_focus(page, gpt_explorer, ids)
+        check_head(page, gpt_explorer, ids, opened["layer"], opened["head"])
+        check_numbers(page)
         page.select_option("#layer", "1")
         page.select_option("#head", "1")
         v = wait(page, v)
@@ -247,17 +298,21 @@ def test_live_page_for_the_real_minilm(context: Any) -> None:
         ids = explorer.encode(text)
         tokens = page.evaluate("window.__explore.tokens.map(t => t.text)")
         assert page.evaluate("window.__explore.ids") == ids and tokens[0] == "[CLS]"
-        page.select_option("#layer", "3")
-        page.select_option("#head", "1")
-        v = wait(page, v)
-        check_head(page, explorer, ids, 3, 1)
         it, animal = tokens.index("it"), tokens.index("animal")
+        # the page opens on the README's view: layer 3 head 1, "it" -> "animal"
+        opened = check_focus(page, explorer, ids)
+        assert (opened["layer"], opened["head"], opened["query"], opened["key"]) == (
+            3,
+            1,
+            it,
+            animal,
+        )
+        check_head(page, explorer, ids, 3, 1)
         drawn = page.evaluate("window.__explore.head_weights")
         assert drawn[it][animal] > 0.5  # docs/viz.md: layer 3 head 1 links "it" to "animal"
-        page.select_option("#query", str(it))
-        page.select_option("#key", str(animal))
-        v = wait(page, v)
         check_neuron(page, explorer, ids)
+        check_numbers(page)
+        assert page.inner_text("#neuron-eq").startswith("Σ q·k = ")
         assert page.is_hidden("#next-panel") and page.is_hidden("#lens-panel")
         assert_not_blank(page.screenshot(full_page=True))
 
@@ -499,5 +554,26 @@ def test_static_export_of_a_vit(context: Any, vit_explorer: Explorer, tmp_path: 
         check_overlay(page, w, 5)
         assert_not_blank(page.screenshot(full_page=True))
         assert urls == [file.as_uri()], urls
+    finally:
+        page.close()
+
+
+def test_number_format_in_the_page(context: Any, tmp_path: Path, gpt_explorer: Explorer) -> None:
+    """The page's one number formatter: fixed decimals, a value that rounds to zero unsigned."""
+    file = tmp_path / "explore.html"
+    file.write_text(explore_html(gpt_explorer, TEXT), encoding="utf-8")
+    page = open_page(context)
+    try:
+        page.goto(file.as_uri())
+        wait(page)
+        cases = [(-0.00001, 4, "0.0000"), (-0.0, 4, "0.0000"), (-0.00004999, 4, "0.0000"),
+                 (-0.00005001, 4, "-0.0001"), (-0.4, 0, "0"), (-1.5, 2, "-1.50"),
+                 (0.2471, 3, "0.247"), (13.18, 2, "13.18"), (None, 4, "—")]  # fmt: skip
+        got = page.evaluate("cs => cs.map(([x, d]) => window.__explore.fmt(x, d))",
+                            [[x, d] for x, d, _ in cases])  # fmt: skip
+        assert got == [want for _, _, want in cases]
+        from attnlab.explore.focus import display_number
+
+        assert [display_number(x, d) for x, d, _ in cases] == got  # Python writes the same
     finally:
         page.close()

@@ -5,7 +5,7 @@
 model, meta-device ones included: only its config and parameter count are read), so a
 175B-parameter preset is analysed without allocating anything.
 :func:`attnlab.analysis.text.format_report` renders the readable table and
-:meth:`Analysis.to_dict` the JSON; :func:`plot_sweep` (and
+:meth:`Analysis.to_dict` the JSON; :func:`~attnlab.analysis.sweep_plot.plot_sweep` (and
 :func:`attnlab.analysis.text.format_sweep`) show how the FLOP shares move with the sequence
 length.
 """
@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from attnlab.analysis.flops import FLOP_GROUPS, FlopBreakdown, forward_flops
+from attnlab.analysis.flops import FlopBreakdown, forward_flops
 from attnlab.analysis.memory import (
     TrainingMemory,
     activation_bytes,
@@ -37,6 +36,7 @@ from attnlab.analysis.recurrent import (
     state_figures,
 )
 from attnlab.analysis.scaling import Approximation, Crossover, approximations, crossover
+from attnlab.analysis.sweep_plot import plot_sweep  # re-exported: attnlab analyze --plot
 from attnlab.config import config_to_dict
 
 
@@ -221,57 +221,6 @@ def _notes(
     if measured is not None and measured != closed_form:
         notes.append(f"the built model has {measured} parameters, the closed form {closed_form}")
     return notes
-
-
-# -- formatting ----------------------------------------------------------------------------------
-
-
-def plot_sweep(
-    rows: list[dict[str, float]],
-    path: str | Path,
-    *,
-    title: str = "",
-    crossover: Crossover | None = None,
-) -> Path:
-    """Draw the FLOP shares against the sequence length (log x) into ``path`` (needs
-    matplotlib).
-
-    Raises:
-        ImportError: without matplotlib (``pip install matplotlib``).
-    """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("plotting needs matplotlib: pip install matplotlib") from e
-    n = [r["seq_len"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    styles = {"projections": "o-", "attention": "s-", "ffn": "^-", "other": "x--"}
-    for g in FLOP_GROUPS:
-        if any(r[g] > 0 for r in rows):
-            ax.plot(n, [100 * r[g] for r in rows], styles[g], ms=4, label=g)
-    if crossover is not None:
-        for x, label in (
-            (crossover.block, "block crossover"),
-            (crossover.layer, "layer crossover"),
-        ):
-            if n[0] <= x <= n[-1]:
-                ax.axvline(x, color="grey", ls="--", lw=0.8)
-                ax.annotate(label, (x, 95), rotation=90, fontsize=7, ha="right", va="top")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("sequence length n")
-    ax.set_ylabel("share of forward matmul FLOPs (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title(title or "Where the FLOPs go")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
 
 
 __all__ = [

@@ -12,6 +12,7 @@ from attnlab.analysis.report import Analysis
 
 def human(x: float, unit: str = "") -> str:
     """``1.23 G``-style number with SI prefixes (``human(1.5e12, "FLOP")`` -> ``1.50 TFLOP``)."""
+    x = float(x) + 0.0  # -0.0 shows as 0
     for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(x) >= scale:
             return f"{x / scale:.2f} {prefix}{unit}"

@@ -9,6 +9,8 @@
   generation step, the logit lens, ``[MASK]`` filling;
 - :mod:`~attnlab.explore.vision`: ViT models: an image (a data set's test sample or an upload)
   as patch tokens, the attention over the patch grid, the prediction;
+- :mod:`~attnlab.explore.focus`: the view the page opens on (the strongest link between content
+  tokens, :func:`~attnlab.explore.focus.first_view`) and the number formatter of its text;
 - :mod:`~attnlab.explore.cost`: parameters, FLOPs and crossover lengths (:mod:`attnlab.analysis`);
 - :mod:`~attnlab.explore.server`: the local HTTP server (standard library only) and its JSON API;
 - :mod:`~attnlab.explore.page`: :func:`explore_html`, the self-contained static page.

@@ -44,6 +44,7 @@ from attnlab.explore.common import (
     unpack,
 )
 from attnlab.explore.cost import cost_panel
+from attnlab.explore.focus import first_view, special_positions
 from attnlab.explore.lm import StepCache, fill_mask, lens_view, next_token_view
 from attnlab.explore.seq2seq import analyze_seq2seq
 from attnlab.explore.vision import ImageSpec, VisionInput, analyze_image, read_image
@@ -324,8 +325,9 @@ class Explorer:
         target: list[int] | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         """Tokens, attention ``(L, H, T, T)``, rollout ``(L, T, T)`` (row ``l``: through layers
-        ``0..l``), the cost panel and the family's prediction views, for one input (an
-        encoder-decoder's source, ``target`` its decoder input:
+        ``0..l``), the cost panel, the view the page opens on (``focus``:
+        :func:`attnlab.explore.focus.first_view`) and the family's prediction views, for one
+        input (an encoder-decoder's source, ``target`` its decoder input:
         :func:`attnlab.explore.seq2seq.analyze_seq2seq`; a ViT's image, ``ids`` a
         :class:`~attnlab.explore.vision.VisionInput`: :func:`attnlab.explore.vision.analyze_image`).
 
@@ -348,17 +350,27 @@ class Explorer:
         seq = self.encode(text, ids)
         has_logits = self.has_logits
         with self.lock:
-            names = ["layers.*.attn.weights"] + (["logits"] if has_logits else [])
+            names = ["layers.*.attn.weights", "layers.*.attn.v"] + (
+                ["logits"] if has_logits else []
+            )
             _, cache = self._run(seq, names)
             L = self.config.n_layers
             w = torch.stack([cache[f"layers.{i}.attn.weights"][0] for i in range(L)]).float()
+            v = torch.stack([cache[f"layers.{i}.attn.v"][0] for i in range(L)])  # (L, H_kv, T, D)
             rollout = torch.stack([attention_rollout(list(w[: i + 1])) for i in range(L)])
+            tokens = self.tokens(seq)
             out: dict[str, Any] = {
                 "ids": seq,
-                "tokens": self.tokens(seq),
+                "tokens": tokens,
                 "attention": pack(w),  # (L, H, T, T)
                 "rollout": pack(rollout),  # (L, T, T)
                 "cost": cost_panel(self.config, len(seq)),
+                "focus": first_view(  # the head, query and key the page opens on
+                    w,
+                    v,
+                    [t["text"] for t in tokens],
+                    special=special_positions(self.config, seq),
+                ),
             }
             logits = cache["logits"][0].float() if has_logits else None  # (T, V)
             if self.causal and logits is not None:

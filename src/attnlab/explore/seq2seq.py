@@ -22,6 +22,7 @@ import torch
 
 from attnlab.explore.common import STACKS, ExplorerState, check_int, pack
 from attnlab.explore.cost import cost_panel
+from attnlab.explore.focus import first_view, special_positions
 from attnlab.explore.lm import lens_view, next_token_view
 from attnlab.generation import beam_search, generate
 from attnlab.viz.capture import attention_rollout
@@ -65,11 +66,12 @@ def analyze_seq2seq(
     explorer: ExplorerState, src: list[int], target: list[int] | None
 ) -> dict[str, Any]:
     """Source and decoder-input tokens, the three stacks' weights, the encoder's rollout, the
-    cost panel, the next-token view and the logit lens after the decoder input."""
+    cost panel, the encoder view the page opens on (:func:`attnlab.explore.focus.first_view`),
+    the next-token view and the logit lens after the decoder input."""
     tgt = list(explorer.inputs(src, target)[-1][0].tolist())
     names = [STACKS[s][0].replace("{l}", "*") + ".weights" for s in explorer.stacks()]
     with explorer.lock:
-        _, cache = explorer._run(src, [*names, "logits"], tgt)
+        _, cache = explorer._run(src, [*names, "encoder.layers.*.attn.v", "logits"], tgt)
         stacks = []
         weights = {}
         for stack in explorer.stacks():
@@ -80,17 +82,27 @@ def analyze_seq2seq(
             weights[stack] = w
             stacks.append({"name": stack, "queries": queries, "keys": keys, "attention": pack(w)})
         enc = weights["encoder"]
+        n_enc = explorer.n_layers("encoder")
+        values = torch.stack([cache[f"encoder.layers.{i}.attn.v"][0] for i in range(n_enc)])
+        tokens = explorer.tokens(src)
         rollout = torch.stack([attention_rollout(list(enc[: i + 1])) for i in range(len(enc))])
         logits = cache["logits"][0].float()  # (T, V)
         return {
             "ids": src,
-            "tokens": explorer.tokens(src),
+            "tokens": tokens,
             "target_ids": tgt,
             "target_tokens": explorer.tokens(tgt),
             "attention": stacks[0]["attention"],  # the encoder's, as for one-stack models
             "stacks": stacks,
             "rollout": pack(rollout),
             "cost": cost_panel(explorer.config, len(tgt), src_len=len(src)),
+            "focus": first_view(  # the page opens on the encoder's most telling link
+                enc,
+                values,
+                [t["text"] for t in tokens],
+                special=special_positions(explorer.config, src),
+                stack="encoder",
+            ),
             "next": next_token_view(explorer, logits[-1]),
             "lens": lens_view(explorer, src, position=len(tgt) - 1, target=tgt),
         }

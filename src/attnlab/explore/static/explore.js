@@ -12,6 +12,7 @@
     busy: 0, version: 0, error: null,
     info: null, ids: [], tokens: [], attention: null, rollout: null, qk: null,
     layer: 0, head: 0, query: 0, key: 0, stack: null, stacks: [], seqs: {}, target_ids: null, translation: null, rolloutLayer: 0, lensPosition: -1,
+    focus: null, focused: false, fmt: null, equation: null,
     head_weights: null, neuron: null, positional: null, masks: null, next: null, lens: null, cost: null, fill_mask: null,
     input: null, image: null, vit: null, prediction: null,
   });
@@ -32,7 +33,20 @@
   function shown(text) {
     return text.replace(/ /g, "␣").replace(/\n/g, "⏎").replace(/\t/g, "⇥").replace(/^Ġ/, "␣");
   }
-  function fmt(x, d) { return x === null || x === undefined ? "—" : Number(x).toFixed(d === undefined ? 3 : d); }
+  // A number for display, d decimals (3 by default); "—" for none. A value that rounds to zero is
+  // written without a sign: never "-0.0000" (attnlab.explore.focus.display_number in Python).
+  function fmt(x, d) {
+    if (x === null || x === undefined) return "—";
+    const s = Number(x).toFixed(d === undefined ? 3 : d);
+    return /^-[0.]+$/.test(s) ? s.slice(1) : s;
+  }
+  // Eq. (1) for one query and key, left to right: each step's result after its "=".
+  function equation(N) {
+    let s = `Σ q·k = ${fmt(N.dot, 4)}; × 1/√${N.d_head} = ${fmt(N.scaled, 4)}`;
+    if (N.masked) s += "; masked: score −∞";
+    else if (fmt(N.bias, 4) !== "0.0000") s += `; + bias/mask ${fmt(N.bias, 4)} = ${fmt(N.score, 4)}`;
+    return s + `; softmax over the row → ${fmt(N.weight, 4)}`;
+  }
   function big(n) {
     const a = Math.abs(n);
     if (a >= 1e12) return (n / 1e12).toFixed(2) + " T";
@@ -223,10 +237,7 @@
     }
     const q = shown(qTok()[i].text), k = shown(kTok()[j].text);
     box.appendChild(el("div", { class: "eq" }, `query “${q}” (${i}) · key “${k}” (${j}), layer ${l} head ${h}, d_k = ${N.d_head}`));
-    box.appendChild(el("div", { class: "eq" },
-      `Σ q_i k_i = ${fmt(N.dot, 4)}   × 1/√${N.d_head} = ${fmt(N.scale, 4)}   → ${fmt(N.scaled, 4)}` +
-      (N.masked ? "   masked (score −∞)" : `   score ${fmt(N.score, 4)} (bias/mask ${fmt(N.bias, 4)})`) +
-      `   softmax → ${fmt(N.weight, 4)}`));
+    box.appendChild(el("div", { class: "eq", id: "neuron-eq" }, equation(N)));
     const dims = el("div", { class: "dims" }), t = el("table", { id: "neuron-dims" });
     const maxAbs = Math.max(1e-12, ...N.products.map(Math.abs)), WRAP = 12;
     for (let start = 0; start < N.d_head; start += WRAP) {  // 12 dimensions per block of rows
@@ -420,7 +431,7 @@
     const box = $("cost");
     box.replaceChildren();
     const n = cost.flops.seq_len, c = cost.crossover;
-    box.appendChild(el("p", {}, `${big(cost.params.total)} parameters; one forward pass over ${n} tokens: ${big(cost.flops.forward)} FLOPs (matmuls), attention products ${(100 * cost.attention_share).toFixed(1)}% of them.`));
+    box.appendChild(el("p", {}, `${big(cost.params.total)} parameters; one forward pass over ${n} tokens: ${big(cost.flops.forward)} FLOPs (matmuls), attention products ${fmt(100 * cost.attention_share, 1)}% of them.`));
     box.appendChild(el("p", {}, `Attention (n²·d) overtakes the projections (n·d²) at n = ${c.block.toFixed(0)} in one block, ${c.layer.toFixed(0)} in one layer (with the FFN), ${c.model.toFixed(0)} for the whole model; this input (n = ${n}) is ${cost.past.layer ? "past" : "below"} the layer crossover.`));
     const table = (id, title, rows) => {
       const t = el("table", { id });
@@ -435,7 +446,7 @@
     };
     table("cost-params", ["component", "parameters"], Object.entries(cost.params.grouped).map(([g, v]) => [g, big(v)]));
     table("cost-flops", ["matmuls", `FLOPs at n = ${n}`, "share"], Object.entries(cost.flops.grouped).map(
-      ([g, v]) => [g, big(v), `${(100 * cost.flops.shares[g]).toFixed(1)}%`]));
+      ([g, v]) => [g, big(v), `${fmt(100 * cost.flops.shares[g], 1)}%`]));
   }
 
   // -- positional encodings and masks ----------------------------------------------------------
@@ -501,7 +512,22 @@
     fillSelect($("query"), q.length, (i) => `${i}: ${shown(q[i].text)}`, S.query);
     fillSelect($("key"), k.length, (i) => `${i}: ${shown(k[i].text)}`, S.key);
   }
+  // The view the page opens on (attnlab.explore.focus.first_view): applied to the first analysis
+  // only, so a new input or a generation step keeps the head the reader chose; the "most telling
+  // head" button applies the current input's.
+  function takeFocus(f) {
+    S.stack = f.stack; S.layer = f.layer; S.head = f.head; S.query = f.query; S.key = f.key;
+    $("stack").value = f.stack;
+  }
+  function showFocus() {
+    const f = S.focus;
+    $("focus").disabled = !f;
+    $("focus-note").textContent = f ? f.reason : "";
+  }
   function render(a) {
+    S.focus = a.focus || null;
+    if (S.focus && !S.focused) { takeFocus(S.focus); S.focused = true; }
+    showFocus();
     S.ids = a.ids; S.tokens = a.tokens;
     S.target_ids = a.target_ids || null;
     S.seqs = { source: a.tokens, target: a.target_tokens || a.tokens };
@@ -510,6 +536,7 @@
     S.rollout = unpack(a.rollout);
     const n = T(), info = S.info;
     setStack(S.stack || S.stacks[0].name);
+    $("head").value = String(S.head);
     const lensTokens = S.seqs.target;
     S.rolloutLayer = info.n_layers - 1;
     fillSelect($("rollout-layer"), info.n_layers, (i) => String(i), S.rolloutLayer);
@@ -558,6 +585,11 @@
     for (const name of info.stacks) stacks.appendChild(el("option", { value: name }, name));
     stacks.addEventListener("change", () => { setStack(stacks.value); guard(async () => { drawHead(); drawModel(); await drawNeuron(); }); });
     fillSelect($("head"), info.n_heads, (i) => String(i), 0);
+    $("focus").addEventListener("click", () => {
+      if (!S.focus) return;
+      takeFocus(S.focus); setStack(S.stack); $("head").value = String(S.head);
+      guard(async () => { drawHead(); drawModel(); await drawNeuron(); });
+    });
     $("layer").addEventListener("change", () => selectHead(parseInt($("layer").value, 10), S.head));
     $("head").addEventListener("change", () => selectHead(S.layer, parseInt($("head").value, 10)));
     $("query").addEventListener("change", () => { S.query = parseInt($("query").value, 10); guard(async () => { drawHead(); await drawNeuron(); }); });
@@ -621,6 +653,7 @@
     }));
   }
 
+  S.fmt = fmt; S.equation = equation;  // for the tests
   window.addEventListener("error", (e) => showError(`page error: ${e.message}`));
   guard(async () => {
     if (S.mode === "static") {
