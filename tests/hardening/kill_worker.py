@@ -1,10 +1,10 @@
-"""Fork server for ``test_kill_resume.py``: runs ``attnlab`` CLI commands in killable processes.
+"""Fork server for ``test_kill_resume.py`` and ``tests/training/test_interrupt.py``: CLI runs.
 
 Started once as ``python kill_worker.py``, it imports torch and attnlab (the slow part of starting
 a run) and then serves one JSON request per stdin line::
 
     {"argv": [...], "log": PATH, "root": RUN_DIR, "kill_at": K or null, "only": TEXT or null,
-     "cpu_kill_after": SECONDS or null, "events": PATH or null, "stop_at": K or null}
+     "cpu_kill_after": SECONDS or null, "events": PATH or null, "stop_at": K, [K, ...] or null}
 
 For each it forks a child that runs ``attnlab.cli.main(argv)`` with stdout/stderr in ``log``,
 answers ``{"pid": PID}``, waits for the child and answers ``{"status": WAIT_STATUS, "cpu_s":
@@ -23,9 +23,14 @@ under ``root`` (those whose path relative to ``root`` contains ``only``, when gi
 ``Path.write_text`` (a non-atomic write). At the ``kill_at``-th one it SIGKILLs itself; a
 ``write_text`` kill writes half of the text first (a write torn by the kill). ``events`` receives
 the list of the operations the child counted (when it is not killed), so the test knows how many
-kill points a run has. With ``stop_at`` the child instead stops itself (``SIGSTOP``) at that
-operation: a run held still in the middle, owning its run directory, while the test tries a
-second writer on it (and then ends it with SIGKILL).
+kill points a run has. With ``stop_at`` (one number or a list) the child instead stops itself
+(``SIGSTOP``) at that operation: a run held still in the middle, owning its run directory, while
+the test tries a second writer on it (and then ends it with SIGKILL), or sends it a signal
+before it continues (``SIGCONT``; ``test_interrupt.py``).
+
+A child handles SIGINT and SIGTERM as a process started from a terminal does (Python's
+``KeyboardInterrupt`` and the default action), whatever the test runner inherited (a shell
+without job control starts background jobs with SIGINT ignored).
 Nothing here changes what the run computes.
 """
 
@@ -53,10 +58,14 @@ class KillSwitch:
     """Counts file operations under ``root`` and SIGKILLs the process at the ``kill_at``-th."""
 
     def __init__(
-        self, root: str, kill_at: int | None, only: str | None, stop_at: int | None = None
+        self,
+        root: str,
+        kill_at: int | None,
+        only: str | None,
+        stop_at: int | list[int] | None = None,
     ) -> None:
         self.root, self.kill_at, self.only = os.path.realpath(root), kill_at, only
-        self.stop_at = stop_at
+        self.stop_at = stop_at if isinstance(stop_at, list) else [stop_at]
         self.events: list[str] = []
 
     def event(self, kind: str, path: str, before_kill: Callable[[], None] | None = None) -> None:
@@ -67,7 +76,7 @@ class KillSwitch:
         if self.only is not None and self.only not in name:
             return
         self.events.append(f"{kind} {name}")
-        if len(self.events) == self.stop_at:  # held still here until the test ends it
+        if len(self.events) in self.stop_at:  # held still here until the test goes on
             os.kill(os.getpid(), signal.SIGSTOP)
         if len(self.events) == self.kill_at:
             if before_kill is not None:
@@ -107,6 +116,8 @@ def child(request: dict[str, Any]) -> int:
         request["root"], request.get("kill_at"), request.get("only"), request.get("stop_at")
     )
     switch.install()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if request.get("cpu_kill_after") is not None:
         signal.signal(signal.SIGPROF, signal.SIG_DFL)  # the default action: terminate at once
         signal.setitimer(signal.ITIMER_PROF, max(float(request["cpu_kill_after"]), 1e-6))

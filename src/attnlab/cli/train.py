@@ -13,6 +13,9 @@ flag (``attnlab train RECIPE --help`` lists them with their types and defaults; 
 (:mod:`attnlab.training.rundir`). ``--resume`` continues a run from its newest checkpoint that
 loads, with the run's own settings (flags given then may change only its budget and
 bookkeeping); a directory that already holds a run is never replaced without ``--overwrite``.
+Ctrl-C (SIGINT) or SIGTERM stops a run after the step under way, with a checkpoint there: the
+command prints the ``--resume`` command that continues it and exits with status 130 (a second
+Ctrl-C stops at once, saving nothing more; see :class:`~attnlab.training.trainer.Trainer`).
 A run whose estimated memory exceeds the available RAM exits with status 2 before the model is
 built, unless ``--ignore-memory-check`` is given.
 
@@ -27,6 +30,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -37,6 +41,7 @@ import torch
 from attnlab.analysis.memory_check import IGNORE_FLAG, check_training_fits
 from attnlab.analysis.moe import active_params
 from attnlab.cli.common import fail, guarded
+from attnlab.cli.helptext import alias_table, recipe_details
 from attnlab.cli.overrides import flag, flag_message, help_table, key_types, parse_overrides
 from attnlab.config import config_to_dict, field_hints
 from attnlab.training.config import TrainConfig
@@ -50,8 +55,8 @@ from attnlab.training.hardware import resolve_device
 from attnlab.training.recipes import RECIPES, Prepared, Recipe, get_recipe
 from attnlab.training.recipes.base import expand_aliases
 from attnlab.training.recipes.runner import train_recipe
-from attnlab.training.rundir import RunDir
-from attnlab.training.trainer import FitResult
+from attnlab.training.rundir import RunDir, latest_checkpoint
+from attnlab.training.trainer import FitResult, TrainingInterrupted
 
 
 def add_parser(commands: Any) -> None:
@@ -66,12 +71,13 @@ def add_parser(commands: Any) -> None:
             help=recipe.description.replace("%", "%%"),
             allow_abbrev=False,
             formatter_class=argparse.RawDescriptionHelpFormatter,
-            description=f"{recipe.description}.\n\n{_module_doc(recipe)}",
+            description=f"{recipe.description}.\n\n{_module_doc(recipe)}".rstrip(),
             epilog=(
                 "Options of the recipe (--key=value or --key value; --no-key for booleans; "
                 "none for empty):\n"
                 + help_table(sections, {"model": recipe.derived}).replace("%", "%%")
                 + _variant_tables(recipe)
+                + _alias_help(recipe)
             ),
         )
         p.add_argument("--out", default=None, help="run directory (default: RUNS_DIR/NAME)")
@@ -96,9 +102,15 @@ def _variant_tables(recipe: Recipe) -> str:
 
 
 def _module_doc(recipe: Recipe) -> str:
+    """The recipe's own part of its module's docstring, as plain text (helptext)."""
     module = sys.modules.get(type(recipe.options).__module__)
-    doc = (module.__doc__ or "") if module is not None else ""
-    return doc.strip().split("\n\n", 2)[1] if doc.count("\n\n") >= 1 else doc.strip()
+    return recipe_details(recipe.name, module.__doc__ if module is not None else None)
+
+
+def _alias_help(recipe: Recipe) -> str:
+    """The recipe's older option names (``--max-steps`` ...), which it accepts too."""
+    table = alias_table(recipe.aliases, recipe_types(recipe))
+    return "\n\n" + table.replace("%", "%%") if table else ""
 
 
 def _launcher(prog: str) -> Any:
@@ -127,7 +139,8 @@ def run_recipe(args: argparse.Namespace) -> int:
     """Train ``args.recipe`` with ``args.overrides``; under torchrun every process runs this."""
     start = time.monotonic()
     recipe = get_recipe(args.recipe)
-    overrides = parse_overrides(list(args.overrides), recipe_types(recipe))
+    overrides = parse_overrides(list(args.overrides), recipe_types(recipe),
+                                other_flags=getattr(args, "command_flags", ()))  # fmt: skip
     _check_fsdp(overrides)
     if not args.resume:  # a resumed run's model is the run's own (train_recipe checks it)
         _check_variant_keys(recipe, overrides)
@@ -148,6 +161,23 @@ def run_recipe(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as e:  # the config's words, as the command's flags
         e.args = (flag_message(str(e), recipe_types(recipe)), *e.args[1:])
         raise
+    except TrainingInterrupted as e:  # stopped at a step boundary, with a checkpoint there
+        saved = f"; checkpoint {e.checkpoint}" if e.checkpoint is not None else ""
+        print(f"attnlab train {recipe.name}: interrupted ({e.signal_name}) after step "
+              f"{e.step}{saved}\n  continue with: {resume_command(args, out)}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return 130
+    except KeyboardInterrupt:  # before training, or a second Ctrl-C: nothing more was saved
+        latest = None
+        if not launched_by_torchrun():  # (torchrun's processes: resume with torchrun)
+            with contextlib.suppress(OSError, ValueError):
+                latest = latest_checkpoint(out)
+        if latest is None:
+            raise  # "interrupted" (cli.common.guarded)
+        print(f"attnlab train {recipe.name}: interrupted; nothing more was saved, the run "
+              f"continues from {latest}\n  continue with: {resume_command(args, out)}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return 130
     ctx = joined[0]
     # On an error the process group is left alone: the launcher stops the other processes
     # (tearing it down here could wait for them forever).
@@ -155,6 +185,15 @@ def run_recipe(args: argparse.Namespace) -> int:
     if ctx.is_main:
         _print_summary(prepared, RunDir(out), result, time.monotonic() - start, as_json=args.json)
     return 0
+
+
+def resume_command(args: argparse.Namespace, out: Path) -> str:
+    """The command that continues the run in ``out`` (its settings come from its run.json;
+    a memory check skipped then is skipped again)."""
+    words = ["attnlab", "train", args.recipe, "--out", str(out), "--resume"]
+    if args.ignore_memory_check:
+        words.append(IGNORE_FLAG)
+    return shlex.join(words)
 
 
 def _check_fsdp(overrides: dict[str, Any]) -> None:
@@ -318,4 +357,4 @@ def _metrics_line(metrics: dict[str, float]) -> str:
     return ", ".join(parts)
 
 
-__all__ = ["add_parser", "recipe_types", "run_recipe"]
+__all__ = ["add_parser", "recipe_types", "resume_command", "run_recipe"]

@@ -54,6 +54,7 @@ from attnlab.training.trainer import (
     FitResult,
     NonFiniteLossError,
     Trainer,
+    TrainingInterrupted,
     clip_gradients,
 )
 
@@ -91,6 +92,7 @@ __all__ = [
     "Seq2SeqObjective",
     "TrainConfig",
     "Trainer",
+    "TrainingInterrupted",
     "average_checkpoints",
     "build_optimizer",
     "build_scheduler",

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -88,6 +89,9 @@ class TrainerCheckpoints:
 
     def __init__(self, trainer: _Trainer) -> None:
         self.t = trainer
+        # the checkpoint an interrupt wrote off the schedule (saved, or resumed from), which
+        # the next checkpoint replaces (rank 0)
+        self.interrupt_checkpoint: Path | None = None
 
     # -- state -----------------------------------------------------------------------------
 
@@ -146,9 +150,18 @@ class TrainerCheckpoints:
 
     # -- saving ----------------------------------------------------------------------------
 
-    def save(self) -> Path:
+    def save(self, *, interrupted: bool = False) -> Path:
         """Write a checkpoint of the current step (rank 0 writes; in a distributed run every
         process must call it, and all return once it is complete).
+
+        Args:
+            interrupted: the checkpoint of an interrupt, off the schedule: kept beside the
+                ``keep_checkpoints`` newest, marked in its state, and removed once a newer
+                checkpoint is complete (so that a resumed run keeps the checkpoints the
+                uninterrupted run keeps, and averages the same ones).
+
+        A ``KeyboardInterrupt`` during the write (a second Ctrl-C) removes the half-written
+        directory unless ``latest`` names it already, and propagates.
 
         Raises:
             ValueError: without a run directory.
@@ -158,11 +171,23 @@ class TrainerCheckpoints:
             raise ValueError("Trainer was built without run_dir; nowhere to save")
         weights = full_model_state_dict(t.model) if t.dist.enabled else None
         state = self.state_dict()
+        if interrupted:
+            state["interrupted"] = True
         directory = t.run.checkpoint(t.step)
         if t.dist.is_main:
-            t.run.save_checkpoint(
-                t.module, state, keep=t.config.keep_checkpoints, model_state=weights
-            )
+            replaced = self.interrupt_checkpoint
+            if replaced is not None and replaced.name >= directory.name:
+                replaced = None  # rewritten in place (same step), or not older
+            keep = t.config.keep_checkpoints + int(interrupted) + int(replaced is not None)
+            try:
+                t.run.save_checkpoint(t.module, state, keep=keep, model_state=weights)
+            except KeyboardInterrupt:
+                if t.run.pointer_target() != directory:  # never named: no checkpoint yet
+                    shutil.rmtree(directory, ignore_errors=True)
+                raise
+            if replaced is not None:  # the new checkpoint is complete and named by latest
+                shutil.rmtree(replaced, ignore_errors=True)
+            self.interrupt_checkpoint = directory if interrupted else None
         barrier(t.dist)
         return directory
 
@@ -201,7 +226,9 @@ class TrainerCheckpoints:
         weights: dict[str, Any] | None = None
         state: dict[str, Any] = {}
         if found is not None:
-            _, state, weights = found
+            directory, state, weights = found
+            if state.pop("interrupted", False):  # replaced by the next checkpoint
+                self.interrupt_checkpoint = directory
         optimizer = state.pop("optimizer", None)
         load_full_state(t.model, t.optimizer, weights, optimizer, t.dist)
         self._load_rest(broadcast_state(state, t.dist))

@@ -20,6 +20,19 @@ directory that has checkpoints. The run directory is owned (locked) by rank 0 wh
 runs (:mod:`attnlab.training.runlock`): a second writer is refused. A non-finite training loss
 stops the run with :class:`NonFiniteLossError` before anything is written.
 
+Interrupted runs (SIGINT, i.e. Ctrl-C, or SIGTERM) in a single process: ``fit`` finishes the
+current step (its logging, due evaluation and due checkpoint: the step boundary), writes a
+checkpoint there (atomic, like every checkpoint) and raises :class:`TrainingInterrupted` (a
+``KeyboardInterrupt``) naming the step and the checkpoint; a resume from it continues bitwise as
+the uninterrupted run would, and ``metrics.jsonl`` holds nothing past its step. A second signal
+aborts at once (``KeyboardInterrupt``): the checkpoint being written is removed and ``latest``
+still names the previous one. This checkpoint is kept beside ``keep_checkpoints`` and removed
+when the run writes its next one, so a resumed run ends with the uninterrupted run's
+checkpoints. Only while the training loop runs, in the main thread, and where the signals have
+Python's default handlers; under torchrun the signals keep their default behaviour (the
+launcher forwards a Ctrl-C to every process, often twice, and a process that left a collective
+would hang the others): the run stops without a checkpoint and resumes from its last one.
+
 Mixture-of-experts models (:mod:`attnlab.training.moe`): the objective's ``aux_loss`` (the
 routers' balancing and z-losses) is added to the training loss (the logged ``loss`` stays the
 task's; ``aux_loss`` is logged beside it), each train line gets the step's expert load and
@@ -34,12 +47,16 @@ same for any number of processes (full weights, optimizer state keyed by paramet
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import signal
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType, TracebackType
 from typing import Any
 
 import torch
@@ -70,9 +87,77 @@ from attnlab.training.runlock import RunLock, RunOwnedError, acquire
 from attnlab.transforms.activation_checkpointing import checkpoint_blocks, checkpointed_blocks
 from attnlab.transforms.compile import compile_model
 
+logger = logging.getLogger(__name__)
+
 
 class NonFiniteLossError(ValueError):
     """The training loss became NaN or infinite; nothing of that step was saved."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """:meth:`Trainer.fit` stopped by SIGINT or SIGTERM at a step boundary, after saving.
+
+    A ``KeyboardInterrupt``: code that handles Ctrl-C keeps working (and ``except Exception``
+    does not swallow it).
+
+    Attributes:
+        step: the step the run stopped after (the checkpoint's).
+        checkpoint: the checkpoint directory that resumes it (``None`` without a run directory).
+        signal_name: ``"SIGINT"`` or ``"SIGTERM"``.
+        result: what ``fit`` did until then (:class:`FitResult`, ``stopped_by`` ``None``).
+    """
+
+    def __init__(
+        self, step: int, checkpoint: Path | None, signal_name: str, result: FitResult
+    ) -> None:
+        where = f"; checkpoint {checkpoint}" if checkpoint is not None else ""
+        super().__init__(f"{signal_name}: stopped after step {step}{where}")
+        self.step, self.checkpoint, self.signal_name = step, checkpoint, signal_name
+        self.result = result
+
+
+class _InterruptGuard:
+    """While entered (when ``enabled``): the first SIGINT or SIGTERM is only recorded
+    (:attr:`signal_name`), for the loop to stop at the next step boundary; a second raises
+    ``KeyboardInterrupt`` at once. Signals whose handler is not Python's default (the user's
+    own, or ignored) are left alone; the previous handlers come back on exit."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.signal_name: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.signal_name is not None:  # the second: stop now, saving nothing more
+            raise KeyboardInterrupt(f"{name} again: aborted")
+        self.signal_name = name
+        logger.warning(
+            "%s: the run stops after the step under way, with a checkpoint there (send it again "
+            "to stop at once, without that checkpoint)",
+            name,
+        )
+
+    def __enter__(self) -> _InterruptGuard:
+        if self.enabled:
+            for sig in self.SIGNALS:
+                current = signal.getsignal(sig)
+                if current is signal.default_int_handler or current == signal.SIG_DFL:
+                    self._previous[sig] = current
+                    signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
 
 
 class Callback:
@@ -102,7 +187,8 @@ class FitResult:
         step: optimizer updates done in total (resumed ones included).
         losses: training loss per step of this call. evals: this call's evaluations.
         stopped_by: the budget that ended the run (``"steps"``, ``"minutes"``, ``"epochs"``),
-            ``"early_stopping"``, or ``None`` (interrupted with ``until``).
+            ``"early_stopping"``, or ``None`` (interrupted with ``until``, or by a signal:
+            :attr:`TrainingInterrupted.result`).
         seconds: this call's wall time. elapsed_s: training time in total.
         final: evaluations of the models made at the end (``"averaged"``).
         compile_s: seconds ``torch.compile`` took before the first step (``config.compile``;
@@ -394,6 +480,10 @@ class Trainer:
         epoch = self.stream.epoch
         if c.max_epochs is not None and epoch is not None and epoch >= c.max_epochs:
             return "epochs"
+        # a run resumed from the checkpoint of the step where early stopping fired (an
+        # interrupt there skips the end-of-run work) ends as the uninterrupted run did
+        if c.early_stopping is not None and self.evals_since_best >= c.early_stopping:
+            return "early_stopping"
         return None
 
     def fit(self, *, resume: bool = False, until: int | None = None) -> FitResult:
@@ -405,6 +495,9 @@ class Trainer:
                 yet: start fresh; damaged ones are skipped with a warning).
 
         Raises:
+            TrainingInterrupted: on SIGINT or SIGTERM in a single process, after the step
+                under way finished and its checkpoint was written (see the module docstring);
+                a second signal raises ``KeyboardInterrupt`` at once, saving nothing more.
             NonFiniteLossError: when the loss becomes NaN or infinite.
             RunOwnedError: when another process owns (writes) the run directory.
             RunDirError: when resuming a directory whose checkpoints all fail to load.
@@ -441,6 +534,11 @@ class Trainer:
         result.compile_s, result.setup = self.compile_s, self.setup_info()
         return result
 
+    def _catches_signals(self) -> bool:
+        """Whether ``fit`` stops at a step boundary on SIGINT/SIGTERM: a single process (see
+        the module docstring on torchrun) in the main thread (the only one signals reach)."""
+        return not self.dist.enabled and threading.current_thread() is threading.main_thread()
+
     def _own_run(self) -> RunLock | None:
         """Rank 0 owns the run directory for the session (:mod:`attnlab.training.runlock`;
         re-entrant: ``train_recipe`` took it already); every process learns together whether
@@ -467,7 +565,7 @@ class Trainer:
         if compiled_now:  # before the clock of the step times starts
             self.compile_s = self._compile_warm_up()
         last_log, tokens_since_log = time.monotonic(), 0
-        with progress:
+        with progress, _InterruptGuard(self._catches_signals()) as interrupt:
             while stopped is None and (until is None or self.step < until):
                 lr = self.optimizer.param_groups[0]["lr"]
                 loss, tokens, grad_norm = self.train_step()
@@ -500,9 +598,18 @@ class Trainer:
                 if self.run is not None and due and stopped is None:
                     result.checkpoint, saved_step = self.checkpoints.save(), self.step
                     saved_at = self.elapsed
-        result.stopped_by, result.seconds = stopped, time.monotonic() - start
-        if self.run is not None and saved_step != self.step:
-            result.checkpoint = self.checkpoints.save()
+                if interrupt.signal_name is not None:  # the step boundary: stop here
+                    break
+            result.stopped_by, result.seconds = stopped, time.monotonic() - start
+            # still guarded: a second signal aborts this save (the checkpoint is atomic)
+            off_schedule = interrupt.signal_name is not None and stopped is None
+            if self.run is not None and saved_step != self.step:
+                result.checkpoint = self.checkpoints.save(interrupted=off_schedule)
+            if interrupt.signal_name is not None:  # the end-of-run work is left to a resume
+                result.stopped_by, result.step, result.elapsed_s = None, self.step, self.elapsed
+                raise TrainingInterrupted(
+                    self.step, result.checkpoint, interrupt.signal_name, result
+                )
         if stopped is not None:
             last = {k: v for k, v in (result.evals[-1] if result.evals else {}).items()}
             last.pop("step", None)
@@ -530,4 +637,11 @@ def clip_gradients(model: nn.Module, max_norm: float | None) -> float:
     return float(full() if full is not None else norm)
 
 
-__all__ = ["Callback", "FitResult", "NonFiniteLossError", "Trainer", "clip_gradients"]
+__all__ = [
+    "Callback",
+    "FitResult",
+    "NonFiniteLossError",
+    "Trainer",
+    "TrainingInterrupted",
+    "clip_gradients",
+]
