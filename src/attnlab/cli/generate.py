@@ -116,6 +116,7 @@ def _stream_text(
 
     prefix = list(prompt) if echo else []
     shown = tokenizer.decode(prefix, skip_special_tokens=True) if prefix else ""
+    echoed = shown
     sys.stdout.write(shown)
     out = prefix
     steps = stream(model, [prompt], config, generator=generator, **(draft or {}))
@@ -127,7 +128,25 @@ def _stream_text(
             sys.stdout.flush()
             shown = text
     sys.stdout.write("\n")
+    sys.stdout.flush()
     print_summary(getattr(steps, "stats", None))  # with a draft: its acceptance statistics
+    note_empty("attnlab generate", ["the prompt"] if shown == echoed else [])
+
+
+EMPTY_REASON = "EOS came first, or only tokens without text; a short training run?"
+
+
+def note_empty(prog: str, empty: list[str], noun: str = "output") -> None:
+    """One note on stderr naming the outputs (``line 3``, ``output [1]``) the model left empty for a
+    non-empty input: stdout keeps its empty lines (one per input) and the exit status stays 0,
+    but an empty line alone looks like a bug of the command rather than of an undertrained
+    model."""
+    if not empty:
+        return
+    shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
+    what = f"an empty {noun}" if len(empty) == 1 else f"empty {noun}s"
+    print(f"{prog}: note: the model produced {what} for {shown} ({EMPTY_REASON})",
+          file=sys.stderr)  # fmt: skip
 
 
 def _check_memory(
@@ -289,11 +308,21 @@ def _emit(
     def label(i: int, n: int) -> str:
         return f"[{i}] " if n > 1 else ""
 
+    def produced(row: list[int]) -> bool:  # a token before EOS, with text
+        kept = row[: next((j for j, t in enumerate(row) if t in eos), len(row))]
+        return bool(kept) and (tokenizer is None or bool(show(kept)))
+
+    def empty(rows: list[list[int]]) -> list[str]:
+        return [f"output {label(i, 2).strip()}" for i, row in enumerate(rows) if not produced(row)]
+
     if config.num_beams != 1:
         out = beam_search(model, prompts, config)
         rows = out.sequences.tolist()
         for i, (seq, n) in enumerate(zip(rows, out.lengths.tolist(), strict=True)):
             print(f"{label(i, len(rows))}score={float(out.scores[i]):.4f}  {show(seq[:n])}")
+        sys.stdout.flush()
+        note_empty("attnlab generate", empty([s[:n] for s, n in zip(rows, out.lengths.tolist(),
+                                                                     strict=True)]))  # fmt: skip
         return 0
     one = len(prompts) == 1 and config.num_return_sequences == 1
     if tokenizer is not None and one and not args.no_stream:
@@ -304,7 +333,9 @@ def _emit(
     for i, row in enumerate(rows):
         end = next((j + 1 for j, t in enumerate(row) if t in eos), len(row))  # through EOS
         print(f"{label(i, len(rows))}{show(row[:end])}")
+    sys.stdout.flush()
+    note_empty("attnlab generate", empty(rows))
     return 0
 
 
-__all__ = ["add_parser", "resolve", "run_generate"]
+__all__ = ["add_parser", "note_empty", "resolve", "run_generate"]

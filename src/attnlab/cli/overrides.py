@@ -12,6 +12,7 @@ itself, so errors name the flag and the valid values.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import sys
 import types
@@ -28,6 +29,31 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 def flag(name: str) -> str:
     """``d_model`` -> ``--d-model``."""
     return "--" + name.replace("_", "-")
+
+
+def close_matches(word: str, candidates: Iterable[str], n: int = 3) -> list[str]:
+    """The candidates closest to ``word`` (a mistyped flag, command or choice), best first.
+
+    Leading dashes are ignored in the comparison (``--stesp`` is close to ``--steps``) and
+    ``_`` counts as ``-``; at most ``n`` of them, none when nothing is close
+    (:func:`difflib.get_close_matches` with its default cutoff of 0.6).
+    """
+    by_key: dict[str, str] = {}
+    for c in candidates:
+        by_key.setdefault(c.lstrip("-").replace("_", "-"), c)
+    key = word.lstrip("-").replace("_", "-")
+    return [by_key[k] for k in difflib.get_close_matches(key, list(by_key), n=n)]
+
+
+def did_you_mean(word: str, candidates: Iterable[str], *, quote: bool = False) -> str:
+    """``"; did you mean --steps?"`` (or ``"--steps or --step?"``): the close candidates of
+    ``word`` as the end of an error message, or ``""`` when none is close."""
+    matches = close_matches(word, candidates)
+    if not matches:
+        return ""
+    shown = [repr(m) if quote else m for m in matches]
+    words = shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " or " + shown[-1]
+    return f"; did you mean {words}?"
 
 
 def flag_message(message: str, keys: Iterable[str]) -> str:
@@ -145,16 +171,21 @@ def _deprecation(token: str, key: str) -> None:
     )
 
 
-def parse_overrides(tokens: list[str], types_: Mapping[str, Any]) -> dict[str, Any]:
+def parse_overrides(
+    tokens: list[str], types_: Mapping[str, Any], *, other_flags: Iterable[str] = ()
+) -> dict[str, Any]:
     """``["--steps=5", "--lr", "1e-3", "--tensorboard"]`` -> ``{"steps": 5, "lr": 0.001, ...}``.
 
     Args:
         tokens: the command-line tokens left over by argparse.
         types_: ``{key: annotation}`` of every accepted key (:func:`key_types`, plus a
             recipe's aliases).
+        other_flags: the command's own flags (``--out``, ``--resume`` ...), offered too when
+            an unknown option is close to one of them.
 
     Raises:
-        ValueError: for a token that is not an option, an unknown key, or a bad value (naming
+        ValueError: for a token that is not an option, an unknown key (naming the closest
+            valid flags, not all of them: ``--help`` lists those), or a bad value (naming
             the flag).
     """
     known = set(types_)
@@ -173,8 +204,7 @@ def parse_overrides(tokens: list[str], types_: Mapping[str, Any]) -> dict[str, A
         if negated:
             key, name = key[: len(key) - len(name)] + name[3:], name[3:]
         if name not in known:
-            valid = ", ".join(flag(k) for k in sorted(known))
-            raise ValueError(f"unknown option '--{raw}'; valid options: {valid}")
+            raise ValueError(_unknown(raw, types_, other_flags))
         hint = types_[name]
         if not eq:
             lone = i + 1 == len(tokens) or tokens[i + 1].startswith("--")
@@ -195,6 +225,27 @@ def parse_overrides(tokens: list[str], types_: Mapping[str, Any]) -> dict[str, A
     return out
 
 
+def _unknown(raw: str, types_: Mapping[str, Any], other_flags: Iterable[str]) -> str:
+    """The message for the unknown option ``--raw``: the closest valid flags, if any."""
+    section, dot, name = raw.rpartition(".")
+    candidates = [flag(k) for k in types_]
+    candidates += [flag("no_" + k) for k, hint in types_.items() if is_bool(hint)]
+    hint = did_you_mean("--" + name, [*candidates, *([] if dot else other_flags)])
+    if dot:  # --train.stesp: suggest --train.steps
+        hint = hint.replace("--", f"--{section}.")
+    return f"unknown option '--{raw}'{hint} (--help lists every option)"
+
+
+def _default_note(obj: Any, name: str) -> str:
+    """What a short run does to a default (a recipe's warmup: ``short_run_warmup``)."""
+    from attnlab.training.recipes.base import SHORT_RUN_WARMUP
+
+    warmup = getattr(obj, "warmup", 0)
+    if name != "warmup" or getattr(obj, "schedule", None) != "cosine" or not warmup:
+        return ""
+    return f" (a run of --steps <= {warmup} without --warmup: --steps // {SHORT_RUN_WARMUP})"
+
+
 def help_table(sections: Mapping[str, Any], skip: Mapping[str, Iterable[str]] = {}) -> str:
     """Every key of the sections with its type and default, one line each, by section."""
     lines = []
@@ -207,8 +258,19 @@ def help_table(sections: Mapping[str, Any], skip: Mapping[str, Iterable[str]] = 
             hint = field_hints(type(obj))[f.name]
             default = getattr(obj, f.name)
             shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-            lines.append(f"  {flag(f.name):<30} {describe(hint):<22} default: {shown}")
+            note = _default_note(obj, f.name)
+            lines.append(f"  {flag(f.name):<30} {describe(hint):<22} default: {shown}{note}")
     return "\n".join(lines)
 
 
-__all__ = ["coerce", "describe", "flag", "help_table", "is_bool", "key_types", "parse_overrides"]
+__all__ = [
+    "close_matches",
+    "coerce",
+    "describe",
+    "did_you_mean",
+    "flag",
+    "help_table",
+    "is_bool",
+    "key_types",
+    "parse_overrides",
+]

@@ -44,7 +44,7 @@ def add_parser(commands: Any) -> None:
 def run_sample(args: argparse.Namespace) -> int:
     """Print the prompt and its continuation."""
     import attnlab
-    from attnlab.cli.generate import _check_memory, resolve
+    from attnlab.cli.generate import _check_memory, note_empty, resolve
     from attnlab.models.family import find_family
 
     if not args.greedy and args.temperature is None and args.num_beams == 1:
@@ -73,7 +73,9 @@ def run_sample(args: argparse.Namespace) -> int:
         out = decode(model, [prompt], config, generator, args, draft)
     except (ContextLengthError, MemoryLimitError) as e:
         fail(context_message(e))
-    print(args.prompt + tokenizer.decode(out[0].tolist()))
+    continuation = tokenizer.decode(out[0].tolist())
+    print(args.prompt + continuation, flush=True)
+    note_empty("attnlab sample", [] if continuation else ["the prompt"])
     return 0
 
 

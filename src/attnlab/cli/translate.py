@@ -5,10 +5,12 @@
 
 ``MODEL`` is a run directory of ``attnlab train translate`` (its ``averaged/``, else ``best/``,
 else ``last/`` model) or one of those model directories. Stdin is read as UTF-8 and translated
-line by line; with ``--eval SPLIT`` the split's source side is translated and scored with
-sacreBLEU (cased and lowercased, with signatures). Output files (``--output``, ``--json``) are
-checked to be writable before anything is decoded; a batch of beams whose estimated memory
-exceeds the memory available is refused before it is decoded (``--ignore-memory-check``).
+line by line, one output line per input line (a non-empty line the model translates to nothing
+stays an empty line, with a note on stderr); with ``--eval SPLIT`` the split's source side is
+translated and scored with sacreBLEU (cased and lowercased, with signatures). Output files
+(``--output``, ``--json``) are checked to be writable before anything is decoded; a batch of
+beams whose estimated memory exceeds the memory available is refused before it is decoded
+(``--ignore-memory-check``).
 """
 
 from __future__ import annotations
@@ -97,6 +99,16 @@ def _read_stdin() -> list[str]:
         fail(f"standard input is not UTF-8 text (byte {e.start}); convert it first")
 
 
+def _note_empty(sources: list[str], translations: list[str]) -> None:
+    """A note on stderr for the non-empty lines the model translated to nothing (an
+    undertrained model often ends every sentence at once)."""
+    from attnlab.cli.generate import note_empty
+
+    empty = [f"line {i}" for i, (s, t) in enumerate(zip(sources, translations, strict=True), 1)
+             if s.strip() and not t.strip()]  # fmt: skip
+    note_empty("attnlab translate", empty, noun="translation")
+
+
 def run_translate(args: argparse.Namespace) -> int:
     """``attnlab translate``."""
     from attnlab.training.recipes.translation import load_translator
@@ -120,6 +132,8 @@ def run_translate(args: argparse.Namespace) -> int:
                             batch_size=args.batch_size, **check)  # fmt: skip
         for line in out:
             print(line)
+        sys.stdout.flush()
+        _note_empty(lines, out)  # stdout stays one line per input line
         return 0
     src = args.src or t.info.get("src")
     tgt = args.tgt or t.info.get("tgt")
@@ -140,6 +154,7 @@ def run_translate(args: argparse.Namespace) -> int:
             **check,
         )
     seconds = time.monotonic() - start
+    _note_empty([s for s, _ in pairs], hyps)
     scores = score_bleu(hyps, [r for _, r in pairs])
     decoding = f"beam {beam} (alpha {args.alpha})" if beam > 1 else "greedy"
     qconfig = getattr(t.model, "quantization_config", None)  # --quantize or a quantized model

@@ -13,6 +13,7 @@ Shapes: B sentences per batch, S source length, N new tokens.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -47,7 +48,8 @@ def translate(
         batch_size: sentences decoded together (sorted by length first).
         extra_tokens: the output may be this many tokens longer than the source (capped by
             the model's ``max_seq_len``).
-        progress: a tqdm bar over the sentences (on stderr).
+        progress: show progress on stderr: a tqdm bar on a terminal; elsewhere (a file, a
+            pipe) a plain line each tenth of the sentences, not a bar's redraws.
         memory_check: refuse a batch whose decoding cannot fit in memory before allocating
             (:mod:`attnlab.generation.memory`); ``False`` skips the check.
 
@@ -70,7 +72,7 @@ def translate(
             )
     out = [""] * len(encoded)
     todo = sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
-    bar = tqdm(total=len(todo), unit="sentence", disable=not progress, desc="translating")
+    bar = _Bar(len(todo)) if progress else None
     for start in range(0, len(todo), batch_size):
         chunk = todo[start : start + batch_size]
         sources = [[*encoded[i], tokenizer.eos_id] for i in chunk]
@@ -85,9 +87,41 @@ def translate(
         )  # (B, N)
         for i, row in zip(chunk, new.tolist(), strict=True):
             out[i] = tokenizer.decode(row)
-        bar.update(len(chunk))
-    bar.close()
+        if bar is not None:
+            bar.update(len(chunk))
+    if bar is not None:
+        bar.close()
     return out
+
+
+class _Bar:
+    """Progress over ``total`` sentences on stderr: a tqdm bar on a terminal (or in a
+    notebook), else a plain line each tenth (the same stream the bar would draw on)."""
+
+    def __init__(self, total: int) -> None:
+        notebook = any(c.__module__ == "tqdm.notebook" for c in tqdm.__mro__)
+        try:
+            terminal = notebook or sys.stderr.isatty()
+        except (AttributeError, ValueError):  # no isatty, or a closed stream
+            terminal = False
+        self.total, self.done, self.tenth = total, 0, 0
+        self.bar = tqdm(total=total, unit="sentence", desc="translating") if terminal else None
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+            return
+        tenth = 10 * self.done // max(self.total, 1)
+        if tenth > self.tenth:
+            self.tenth = tenth
+            print(f"translating: {self.done}/{self.total} sentences "
+                  f"({100 * self.done // max(self.total, 1)}%)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ tokenizer, architecture switches: only what this recipe reads), a :class:`TrainC
 model config. Every field of the three sections can be overridden by name
 (``{"steps": 500, "d_model": 64}``, or ``"train.steps"`` where a name is in two sections);
 unknown names are rejected with the valid ones, and ``aliases`` keep the older names of a
-recipe's options working (``max_steps`` for ``steps``).
+recipe's options working (``max_steps`` for ``steps``). A run shorter than the recipe's default
+warmup (``steps <= warmup``, the warmup not given, a cosine schedule) warms up for a tenth of its
+steps instead (:func:`short_run_warmup`).
 
 :func:`prepare` loads the data (and trains or reads the tokenizer), fixes the model config
 (the vocabulary is the tokenizer's), runs a check before anything is built (the command line's
@@ -296,8 +298,30 @@ def _settings(
     options = dataclasses.replace(r.options, **early)
     routed = route_overrides(overrides, r.keys(options))
     options = dataclasses.replace(options, **routed["options"])
-    train = dataclasses.replace(r.train, **routed["train"])
+    train = dataclasses.replace(r.train, **short_run_warmup(r.train, routed["train"]))
     return options, train, routed
+
+
+SHORT_RUN_WARMUP = 10  # a run shorter than its recipe's warmup warms up for steps // this
+
+
+def short_run_warmup(default: TrainConfig, given: Mapping[str, Any]) -> dict[str, Any]:
+    """``given`` (train fields set by name), with a warmup that fits a short run.
+
+    A recipe's default warmup (100 steps for most) is sized for its default budget; a quick
+    ``--steps 5`` would be refused by the cosine schedule (``warmup < steps``) or never leave
+    its warmup. So when ``warmup`` is not given, the schedule is ``cosine`` and ``steps`` is at
+    most the default warmup, the warmup becomes ``steps // 10`` (0 below 10 steps). A run whose
+    steps exceed the default warmup keeps it unchanged, and a warmup given is always kept (an
+    explicit ``warmup >= steps`` is refused, naming both).
+    """
+    merged = {f: given.get(f, getattr(default, f)) for f in ("steps", "schedule", "warmup")}
+    steps = merged["steps"]
+    if "warmup" in given or merged["schedule"] != "cosine" or not isinstance(steps, int):
+        return dict(given)
+    if steps < 1 or merged["warmup"] < steps:  # (a bad steps is refused by the config)
+        return dict(given)
+    return {**given, "warmup": steps // SHORT_RUN_WARMUP}
 
 
 def check_settings(recipe: str | Recipe, overrides: Mapping[str, Any] | None = None) -> None:
@@ -377,5 +401,6 @@ __all__ = [
     "prepare",
     "route_overrides",
     "save_run_files",
+    "short_run_warmup",
     "stored_aliases",
 ]

@@ -7,7 +7,7 @@ before and after attention, at the same parameter count) on a task of
 associative``), whose answer is the token ``distance`` positions back. Its validation accuracy is
 the task's (chance: ``1/n_symbols``). The GPTs' context is the task's length; the vocabulary is
 the task's (65 by default, as Tiny Shakespeare's characters). Training: AdamW 1e-3, cosine with
-100 warmup steps, batch 16, 1000 steps.
+100 warmup steps (a tenth of the steps in a run of at most 100), batch 16, 1000 steps.
 
 Every batch is a fresh draw of the task from the training stream's generator (its position in a
 checkpoint), so a resumed run continues exactly; validation draws its batches from a fixed seed.

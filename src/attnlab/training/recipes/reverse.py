@@ -9,7 +9,8 @@ drawn from a part of the sequence space training never sees. The defaults reach 
 minute and a half on 2 CPU cores.
 
 ``lr_factor`` scales eq. (3): the rate peaks at ``lr_factor · d_model^-0.5 · warmup^-0.5``
-(0.16 · 64^-0.5 · 100^-0.5 = 2e-3 by default).
+(0.16 · 64^-0.5 · 100^-0.5 = 2e-3 by default). A run of at most 100 steps without ``--warmup``
+warms up for a tenth of its steps, at the same peak.
 """
 
 from __future__ import annotations
@@ -122,13 +123,21 @@ def _callbacks(options: Any, config: Any, data: Data) -> list[Callback]:
 
 
 def _adjust(options: Any, train: TrainConfig, config: Any, given: set[str]) -> TrainConfig:
-    """The rate from ``lr_factor`` (eq. (3)), unless ``lr`` was given itself."""
+    """The rate from ``lr_factor`` (eq. (3)), unless ``lr`` was given itself. The peak is
+    eq. (3)'s at the warmup given, else at the default warmup: a short run's shortened warmup
+    (:func:`~attnlab.training.recipes.base.short_run_warmup`) keeps the default peak."""
     if "lr" in given:
         return train
     if train.schedule == "noam":
         return dataclasses.replace(train, lr=options.lr_factor)
-    peak = noam(train.warmup, d_model=config.d_model, warmup=train.warmup, factor=options.lr_factor)
+    warmup = train.warmup if "warmup" in given else max(train.warmup, WARMUP)
+    if warmup == 0:  # a given warmup of 0: eq. (3)'s rate after one step
+        warmup = 1
+    peak = noam(warmup, d_model=config.d_model, warmup=warmup, factor=options.lr_factor)
     return dataclasses.replace(train, lr=peak)
+
+
+WARMUP = 100  # the default warmup, whose eq. (3) peak the cosine schedule starts from
 
 
 REVERSE = Recipe(
@@ -140,7 +149,7 @@ REVERSE = Recipe(
         # rounding, and Adam amplifies that on the key biases, whose exact gradient is 0)
         steps=1500, batch_size=128, optimizer="adam", optimizer_impl="for-loop", lr=1.0,
         betas=(0.9, 0.999), adam_eps=1e-9,
-        schedule="cosine", warmup=100, label_smoothing=0.1, eval_every=0, eval_batches=1,
+        schedule="cosine", warmup=WARMUP, label_smoothing=0.1, eval_every=0, eval_batches=1,
         best_metric="val_exact_match",
     ),
     _model_config, _data, _objective, _callbacks, _adjust,

@@ -1,16 +1,16 @@
 """Recipes on Tiny Shakespeare: a character-level GPT and a BERT masked LM.
 
 - ``shakespeare-char``: nanoGPT's "baby GPT" CPU setting (4 layers, 4 heads, d_model 128,
-  context 64, batch 12, dropout 0, 2000 iterations, AdamW lr 1e-3 with 100 warmup steps and
-  cosine decay to 1e-4). ``arch=modern`` swaps in RoPE, SwiGLU (d_ff 346, the same parameter
-  count) and RMSNorm, still pre-norm. ``arch=mamba``, ``lstm``, ``gru``: the families before and
-  after attention at the same parameter count (``mamba-char-baby``, ``lstm-char-baby``,
-  ``gru-char-baby``: 825k, 792k, 781k against the GPT's 804k at 65 characters), same data,
-  objective and training; they have no context length, so they train on blocks of
-  ``block_size`` (default 64, the GPT's context) and their runs go to
+  context 64, batch 12, dropout 0, 2000 iterations, AdamW lr 1e-3 with 100 warmup steps (a tenth
+  of the steps in a run of at most 100) and cosine decay to 1e-4). ``arch=modern`` swaps in
+  RoPE, SwiGLU (d_ff 346, the same parameter count) and RMSNorm, still pre-norm. ``arch=mamba``,
+  ``lstm``, ``gru``: the families before and after attention at the same parameter count
+  (``mamba-char-baby``, ``lstm-char-baby``, ``gru-char-baby``: 825k, 792k, 781k against the
+  GPT's 804k at 65 characters), same data, objective and training; they have no context length,
+  so they train on blocks of ``block_size`` (default 64, the GPT's context) and their runs go to
   ``runs/shakespeare-char-ARCH``.
-- ``shakespeare-mlm``: a BERT masked LM on the same characters (plus [PAD], [CLS], [SEP],
-  [MASK]), BERT's 15% / 80-10-10 masking rule; the metric is masked-token accuracy.
+- ``shakespeare-mlm``: a BERT masked LM on Tiny Shakespeare's characters (plus [PAD], [CLS],
+  [SEP], [MASK]), BERT's 15% / 80-10-10 masking rule; the metric is masked-token accuracy.
 
 The text is the file ``data`` names, else Tiny Shakespeare from the data folders
 (:func:`attnlab.io.find_data_file`); ``tokenizer=bpe`` trains a byte-level BPE of

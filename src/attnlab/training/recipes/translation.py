@@ -219,8 +219,23 @@ def _adjust(options: Any, train: TrainConfig, model: Any, given: set[str]) -> Tr
 
 
 def _best_metric(value: Any) -> dict[str, Any]:
-    """attnlab 0.1's ``best_metric=bleu|loss``."""
+    """also ``bleu`` or ``loss``: attnlab 0.1's names of ``val_bleu``, ``val_loss``"""
     return {"best_metric": {"bleu": "val_bleu", "loss": "val_loss"}.get(value, value)}
+
+
+def _adam_beta1(value: float) -> dict[str, Any]:
+    """the first of ``betas``"""
+    return {"betas[0]": value}
+
+
+def _adam_beta2(value: float) -> dict[str, Any]:
+    """the second of ``betas``"""
+    return {"betas[1]": value}
+
+
+def _no_label_smoothing(value: bool) -> dict[str, Any]:
+    """same as ``--label-smoothing 0``"""
+    return {"label_smoothing": 0.0} if value else {}
 
 
 TRANSLATE = Recipe(
@@ -245,9 +260,8 @@ TRANSLATE = Recipe(
     aliases={
         "max_steps": "steps", "lr_factor": "lr", "save_every": "checkpoint_every",
         "save_every_minutes": "checkpoint_every_minutes", "best_metric": (_best_metric, str),
-        "adam_beta1": (lambda v: {"betas[0]": v}, float),
-        "adam_beta2": (lambda v: {"betas[1]": v}, float),
-        "no_label_smoothing": (lambda v: {"label_smoothing": 0.0} if v else {}, bool),
+        "adam_beta1": (_adam_beta1, float), "adam_beta2": (_adam_beta2, float),
+        "no_label_smoothing": (_no_label_smoothing, bool),
     },
 )  # fmt: skip
 RECIPES.add(TRANSLATE.name, TRANSLATE)
