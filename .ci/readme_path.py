@@ -45,15 +45,28 @@ def readme_path() -> tuple[Block, Block, Block]:
 
 def script() -> str:
     setup, main, test = readme_path()
+    # each step's wall time is printed (the README quotes them), and the test command must leave
+    # the environment's installed packages as it found them (issue 52: tests never install)
     return "\n".join([
         "set -euo pipefail",
         f"echo '### README.md:{setup.line} (set-up)'",
+        "SECONDS=0",
         setup.code,
+        "echo \"### set-up: ${SECONDS} s\"",
         "source .venv/bin/activate",
         f"echo '### README.md:{main.line} (the main job)'",
+        "SECONDS=0",
         main.code,
+        "echo \"### main job: ${SECONDS} s\"",
         f"echo '### README.md:{test.line} (the test command)'",
+        "SECONDS=0",
+        "frozen=$(mktemp) && python -m pip freeze > \"$frozen\"",
         test.code,
+        "echo \"### test command: ${SECONDS} s\"",
+        "python -m pip freeze > \"$frozen.after\"",
+        "if ! diff -u \"$frozen\" \"$frozen.after\"; then",
+        "    echo '### the test command changed the installed packages (above)' >&2; exit 1",
+        "fi",
     ])  # fmt: skip
 
 

