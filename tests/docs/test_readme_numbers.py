@@ -51,6 +51,16 @@ CLAIMS = [
      r"^\| lstm \| [\d,]+ \| 2000 \| ([\d.]+) \|"),
 ]  # fmt: skip
 
+# the README's path, timed (benchmarks/results/readme_path.md): outside its Results section
+PATH_TIMES = [
+    ("1,500 steps,\n51 s", "51", "readme_path.md", r"^\| main job \|.*\| (\d+) s \|$"),
+    ("the set-up above: 35 s", "35", "readme_path.md", r"^\| set-up \|.*\| (\d+) s \|$"),
+    ("617 s (about 10 minutes)", "617", "readme_path.md",
+     r"^\| test command \|.*\| (\d+) s \|$"),
+    ("733 tests, 13 s", "13", "readme_path.md", r"^\| quick subset \|.*\| (\d+) s \|$"),
+    ("120 steps, 8 s", "8", "readme_path.md", r"^\| quick check \|.*\| (\d+) s \|$"),
+]  # fmt: skip
+
 
 def _section(text: str, heading: str) -> str:
     start = text.index(f"\n## {heading}\n")
@@ -58,7 +68,7 @@ def _section(text: str, heading: str) -> str:
     return text[start : end if end != -1 else len(text)]
 
 
-@pytest.mark.parametrize("claim", CLAIMS, ids=lambda c: c[0])
+@pytest.mark.parametrize("claim", CLAIMS + PATH_TIMES, ids=lambda c: c[0])
 def test_each_quoted_figure_equals_its_results_file(claim: tuple[str, str, str, str]) -> None:
     words, figure, file, pattern = claim
     assert words in README.read_text(encoding="utf-8"), f"README.md no longer says {words!r}"
