@@ -24,12 +24,16 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
+
+# the tests' shared helpers (testkit.py) import by name; pytest's importlib mode adds no path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 

@@ -10,9 +10,7 @@ traceback (RecursionError, EOFError, zipfile.BadZipFile, the tokenizers library'
 
 from __future__ import annotations
 
-import contextlib
 import gzip
-import io
 import os
 import shutil
 from collections.abc import Iterator
@@ -23,10 +21,10 @@ import pytest
 import torch
 
 from attnlab import GPTConfig, build_model
-from attnlab.cli import main
 from attnlab.io import read_json
 from attnlab.tokenizers import CharTokenizer, load_tokenizer
 from attnlab.training.metrics import read_metrics
+from testkit import run_cli as _run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -39,16 +37,6 @@ DAMAGED_JSON: dict[str, bytes] = {
     "huge_integer": b'{"model_type": "gpt", "d_model": ' + b"9" * 5000 + b"}",
     "truncated": b'{"model_type": "gpt", "d_mo',
 }
-
-
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 2
-    return int(code), out.getvalue(), err.getvalue()
 
 
 def _refused(argv: list[str], names: str) -> str:

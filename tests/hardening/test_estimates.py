@@ -22,7 +22,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +29,9 @@ import pytest
 import torch
 
 import attnlab
+import testkit
 from attnlab import GPTConfig, build_model
 from attnlab.analysis import memory_check as mc
-from attnlab.cli import main
 from attnlab.generation import GenerationConfig, beam_search, speculative_generate, stream
 
 V = 50
@@ -41,12 +40,7 @@ TINY = GPTConfig(vocab_size=V, d_model=16, n_heads=2, n_layers=1, d_ff=32, max_s
 KV_PER_POSITION = 2 * 1 * 16 * 4  # k and v, 1 layer, H_kv·D = 16, float32
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture
@@ -82,11 +76,9 @@ def fake_available(monkeypatch: pytest.MonkeyPatch, n_bytes: int) -> list[int]:
 
 
 def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    try:
-        status = main(argv)
-    except SystemExit as e:  # argparse's own errors
-        status = int(e.code or 0)
-    return status, capsys.readouterr().err
+    """``attnlab ARGV``'s exit status and stderr (``capsys`` kept for the callers' sake)."""
+    status, _, err = testkit.run_cli(argv)
+    return status, err
 
 
 def error_lines(err: str) -> list[str]:

@@ -13,9 +13,7 @@ is exit status 2 with one ``error:`` line, and every file of the directory hashe
 
 from __future__ import annotations
 
-import hashlib
 import json
-import random
 import shutil
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,8 @@ from attnlab.models import GPTConfig, build_model
 from attnlab.tokenizers import CharTokenizer, LibraryTokenizer, load_tokenizer
 from attnlab.training.state import STATE_VERSION, read_training_state
 from attnlab.transforms import quantize
+from testkit import tree_digest as digest
+from testkit import word_corpus
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -39,21 +39,9 @@ ARGS = ["--warmup=1", "--checkpoint-every=2", "--keep-checkpoints=3", "--log-eve
         "--d-ff=32", "--max-seq-len=16", "--batch-size=4", "--no-progress"]  # fmt: skip
 
 
-def _text() -> str:
-    rng = random.Random(0)
-    words = ["the", "king", "queen", "of", "and", "to", "a", "my", "lord", "thou", "art", "hath"]
-    return "\n".join(" ".join(rng.choice(words) for _ in range(10)) for _ in range(80)) + "\n"
-
-
 def train(run: Path, steps: int, *extra: str) -> list[str]:
     return ["train", "shakespeare-char", "--data=corpus.txt", *ARGS, f"--steps={steps}",
             "--out", str(run), *extra]  # fmt: skip
-
-
-def digest(directory: Path) -> dict[str, str]:
-    """Every file under ``directory``: its relative name -> the SHA-256 of its bytes."""
-    return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(directory.rglob("*")) if p.is_file()}  # fmt: skip
 
 
 def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -80,7 +68,7 @@ def edit(file: Path, **changes: Any) -> None:
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 4-step ``shakespeare-char`` run (checkpoints at steps 2 and 4, a character tokenizer)."""
     root = tmp_path_factory.mktemp("versions")
-    (root / "corpus.txt").write_text(_text(), encoding="utf-8")
+    (root / "corpus.txt").write_text(word_corpus(), encoding="utf-8")
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(root)
         threads = torch.get_num_threads()

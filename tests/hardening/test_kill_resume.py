@@ -38,13 +38,10 @@ that a forked run trains exactly like a fresh interpreter.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import math
 import os
 import random
-import select
 import shutil
 import signal
 import subprocess
@@ -63,6 +60,8 @@ from attnlab.io import atomic_write_text, remove_stale_temp_files
 from attnlab.pretrained import load_attnlab
 from attnlab.training.rundir import latest_checkpoint
 from attnlab.training.state import load_training_state
+from testkit import ForkServer
+from testkit import tree_digest as digest
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux", reason="forks runs and reads /proc/self/fd (Linux)"
@@ -120,60 +119,22 @@ class Outcome:
         return f"{how} after {self.cpu_s:.2f} s of CPU time; its output:\n{self.log}"
 
 
-class Worker:
-    """The fork server (``kill_worker.py``) and its request/answer protocol."""
+class Worker(ForkServer):
+    """The fork server (``kill_worker.py``; ``tests/testkit.py``): runs to their ends."""
 
     def __init__(self) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "kill_worker.py")],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
-        assert self._answer(120.0) == {"ready": True}
-
-    def _answer(self, timeout: float) -> dict[str, Any] | None:
-        """The next answer line, or ``None`` when none comes within ``timeout`` seconds."""
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            return None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError("the kill worker exited")
-        answer: dict[str, Any] = json.loads(line)
-        return answer
+        super().__init__(RUN_TIMEOUT)
 
     def run(self, request: dict[str, Any]) -> Outcome:
         """Run a command (see ``kill_worker.py``) to its end; returns how it ended."""
         return self.finish(request, self.start(request))
 
-    def start(self, request: dict[str, Any]) -> int:
-        """Start a command; returns its process id (:meth:`finish` waits for it)."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        started = self._answer(60.0)
-        assert started is not None and "pid" in started, started
-        return int(started["pid"])
-
     def finish(self, request: dict[str, Any], pid: int) -> Outcome:
         """Wait for the command :meth:`start` started; returns how it ended."""
-        answer = self._answer(RUN_TIMEOUT)
-        if answer is None:  # hung: end it, so that the worker serves the next request
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            self._answer(30.0)
-            raise AssertionError(f"the run did not end within {RUN_TIMEOUT:.0f} s:\n"
-                                 f"{_log(request)}")  # fmt: skip
-        status = int(answer["status"])
-        out = Outcome(status, float(answer["cpu_s"]), _log(request))
-        assert out.killed or os.WIFEXITED(status), f"the run {out}"
+        answer = self.wait(pid, lambda: _log(request))
+        out = Outcome(int(answer["status"]), float(answer["cpu_s"]), _log(request))
+        assert out.killed or os.WIFEXITED(out.status), f"the run {out}"
         return out
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
 
 
 @dataclass
@@ -468,12 +429,6 @@ def test_kills_with_broken_pointers_and_damaged_steps_between_them(
     assert metrics(run_dir) == metrics(setup.reference), history
     assert stale_temp_files(run_dir) == [], history
     print(f"damage trial {trial}: {'; '.join(history)}")
-
-
-def digest(directory: Path) -> dict[str, str]:
-    """Every file under ``directory``: its relative name -> the SHA-256 of its bytes."""
-    return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(directory.rglob("*")) if p.is_file()}  # fmt: skip
 
 
 def wait_stopped(pid: int) -> None:

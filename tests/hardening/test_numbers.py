@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,8 @@ import pytest
 import torch
 
 import attnlab
+import testkit
 from attnlab import GPTConfig, build_model
-from attnlab.cli import main
 from attnlab.generation import pack_prompts
 from attnlab.layers import ATTENTION_BACKENDS, MultiHeadAttention
 from attnlab.layers.norm import BatchNorm, LayerNorm, RMSNorm
@@ -43,20 +42,13 @@ TINY = GPTConfig(vocab_size=50, d_model=16, n_heads=2, n_layers=1, d_ff=32, max_
 BACKENDS = sorted(ATTENTION_BACKENDS.keys())
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    try:
-        status = main(argv)
-    except SystemExit as e:  # argparse's own errors
-        status = int(e.code or 0)
-    return status, capsys.readouterr().err
+    """``attnlab ARGV``'s exit status and stderr (``capsys`` kept for the callers' sake)."""
+    status, _, err = testkit.run_cli(argv)
+    return status, err
 
 
 def one_error(err: str) -> str:

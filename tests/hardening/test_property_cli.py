@@ -19,9 +19,7 @@ runs the attention sweep that way; this module takes the same variable).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import math
 import os
 import re
@@ -36,8 +34,8 @@ from hypothesis import strategies as st
 
 import attnlab
 from attnlab import GPTConfig, build_model
-from attnlab.cli import main
 from attnlab.tokenizers import CharTokenizer
+from testkit import run_cli as _run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -102,16 +100,6 @@ def _digest(directory: Path) -> str:
             h.update(p.relative_to(directory).as_posix().encode())
             h.update(p.read_bytes())
     return h.hexdigest()
-
-
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as e:  # argparse's own usage errors
-            code = e.code if isinstance(e.code, int) else 2
-    return int(code), out.getvalue(), err.getvalue()
 
 
 OUTCOMES: dict[str, list[int]] = {}  # command -> exit statuses seen (the last test reads it)

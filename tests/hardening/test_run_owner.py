@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import logging
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -43,6 +41,8 @@ from attnlab.training.config import TrainConfig
 from attnlab.training.objectives import CausalLMObjective
 from attnlab.training.runlock import LOCK_NAME, RunOwnedError, acquire, own_run, owns
 from attnlab.training.trainer import Trainer
+from testkit import tree_digest as digest
+from testkit import word_corpus
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),  # tests/conftest.py
@@ -63,21 +63,9 @@ sys.stdin.read()
 """
 
 
-def _text() -> str:
-    rng = random.Random(0)
-    words = ["the", "king", "queen", "of", "and", "to", "a", "my", "lord", "thou", "art", "hath"]
-    return "\n".join(" ".join(rng.choice(words) for _ in range(10)) for _ in range(80)) + "\n"
-
-
 def train(run: Path, steps: int, *extra: str) -> list[str]:
     return ["train", "shakespeare-char", "--data=corpus.txt", *ARGS, f"--steps={steps}",
             "--out", str(run), *extra]  # fmt: skip
-
-
-def digest(directory: Path) -> dict[str, str]:
-    """Every file under ``directory``: its relative name -> the SHA-256 of its bytes."""
-    return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(directory.rglob("*")) if p.is_file()}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -112,7 +100,7 @@ def refused_by_owner(
 @pytest.fixture
 def place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "corpus.txt").write_text(_text(), encoding="utf-8")
+    (tmp_path / "corpus.txt").write_text(word_corpus(), encoding="utf-8")
     return tmp_path
 
 

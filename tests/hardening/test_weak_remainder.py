@@ -20,10 +20,8 @@ refused before any work with exit status 2 and one ``error:`` line naming the fi
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import gzip
-import hashlib
 import io
 import json
 import logging
@@ -39,7 +37,6 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from attnlab import BERTConfig, GPTConfig, TransformerConfig, build_model
-from attnlab.cli import main
 from attnlab.data.cifar10 import FILES, MANIFEST, sha256_file
 from attnlab.generation.processors import NonFiniteLogitsError
 from attnlab.generation.speculative import speculative_generate
@@ -52,22 +49,14 @@ from attnlab.training.metrics import MetricsLogger
 from attnlab.training.optim import build_optimizer, describe_optimizer
 from attnlab.training.rundir import RunDir
 from attnlab.translation.data import MAX_EMPTY_FRACTION, load_pairs
+from testkit import run_cli as _run
+from testkit import tree_digest as _digest
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 CHARS = "abcdefghijklmnopqrstuvwxyz .,\n"
 TINY_CHAR_RUN = ["--d-model=16", "--n-heads=2", "--n-layers=1", "--d-ff=32", "--max-seq-len=16",
                  "--batch-size=2", "--eval-batches=1", "--warmup=0", "--no-progress"]  # fmt: skip
-
-
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 2
-    return int(code), out.getvalue(), err.getvalue()
 
 
 def _ok(argv: list[str]) -> str:
@@ -86,11 +75,6 @@ def _refused(argv: list[str], *names: str) -> str:
     for name in names:
         assert name in lines[0], f"the error does not name {name!r}: {lines[0]}"
     return lines[0]
-
-
-def _digest(directory: Path) -> dict[str, str]:
-    return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(directory.rglob("*")) if p.is_file()}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,7 @@ a quantized one, Hugging Face's), a floating parameter must come from a floating
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import json
 import shutil
 from pathlib import Path
@@ -27,7 +25,6 @@ from safetensors.torch import load_file, save_file, save_model
 
 import attnlab
 from attnlab import GPTConfig, build_model
-from attnlab.cli import main
 from attnlab.data.text import TokenStream
 from attnlab.interop.hf import save_hf
 from attnlab.models import GPT
@@ -35,6 +32,7 @@ from attnlab.training.config import TrainConfig
 from attnlab.training.objectives import CausalLMObjective
 from attnlab.training.trainer import Trainer
 from attnlab.transforms import quantize
+from testkit import run_cli as _run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -86,16 +84,6 @@ def _retype(file: Path, name: str, dtype: torch.dtype, *, keep_metadata: bool) -
 def _edit_config(directory: Path, **changes: Any) -> None:
     data = json.loads((directory / "config.json").read_text())
     (directory / "config.json").write_text(json.dumps({**data, **changes}))
-
-
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 2
-    return int(code), out.getvalue(), err.getvalue()
 
 
 # -- the round trip -------------------------------------------------------------------------------

@@ -31,11 +31,9 @@ import contextlib
 import json
 import os
 import random
-import select
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -56,11 +54,11 @@ from attnlab.training.objectives import CausalLMObjective
 from attnlab.training.rundir import latest_checkpoint
 from attnlab.training.state import load_training_state, read_training_state
 from attnlab.training.trainer import Callback, Trainer, TrainingInterrupted
+from testkit import ForkServer
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux", reason="forks runs, SIGSTOPs them and reads /proc (Linux)"
 )
-WORKER = Path(__file__).resolve().parents[1] / "hardening" / "kill_worker.py"
 SEED = 20260521
 STEPS = 40
 ARGS = [f"--steps={STEPS}", "--warmup=2", "--checkpoint-every=4", "--keep-checkpoints=3",
@@ -79,50 +77,19 @@ def _text() -> str:
     return "\n".join(lines) + "\n"
 
 
-class Worker:
-    """The fork server's client: start a run, then wait for its wait status."""
+class Worker(ForkServer):
+    """The fork server's client (``tests/testkit.py``): start a run, then wait for its end."""
 
     def __init__(self) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
-        assert self.answer(120.0) == {"ready": True}
-
-    def answer(self, timeout: float) -> dict[str, Any] | None:
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            return None
-        line = self.proc.stdout.readline()
-        assert line, "the fork server exited"
-        answer: dict[str, Any] = json.loads(line)
-        return answer
-
-    def start(self, request: dict[str, Any]) -> int:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        started = self.answer(60.0)
-        assert started is not None and "pid" in started, started
-        return int(started["pid"])
+        super().__init__(TIMEOUT)
 
     def finish(self, pid: int, log: Path) -> tuple[int | None, str]:
         """``(exit status or None when killed by a signal, output)`` of the run ``pid``."""
-        answer = self.answer(TIMEOUT)
-        if answer is None:  # hung: end it so that the server answers the next request
-            os.kill(pid, signal.SIGKILL)
-            self.answer(30.0)
-            raise AssertionError(f"the run did not end within {TIMEOUT:.0f} s:\n{log.read_text()}")
-        status = int(answer["status"])
+        status = int(self.wait(pid, log.read_text)["status"])
         return (os.WEXITSTATUS(status) if os.WIFEXITED(status) else None), log.read_text()
 
     def run(self, request: dict[str, Any]) -> tuple[int | None, str]:
         return self.finish(self.start(request), Path(request["log"]))
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
 
 
 @dataclass
