@@ -11,28 +11,16 @@ budget, and at least every :data:`LINE_EVERY_S` seconds (a few dozen lines for a
 
 from __future__ import annotations
 
-import sys
 import time
 from types import TracebackType
-from typing import Any, TextIO
+from typing import Any
 
 from tqdm.auto import tqdm
 
+from attnlab.progress import is_interactive, write_line
 from attnlab.training.config import TrainConfig
 
 LINE_EVERY_S = 60.0  # off a terminal: a plain line at least this often (and each 10%)
-
-
-def is_interactive(stream: TextIO | None = None) -> bool:
-    """Whether a progress bar redrawn in place can be shown on ``stream`` (default stderr): a
-    terminal, or a notebook (where ``tqdm.auto`` draws a widget)."""
-    if any(c.__module__ == "tqdm.notebook" for c in tqdm.__mro__):
-        return True
-    stream = sys.stderr if stream is None else stream
-    try:
-        return bool(stream is not None and stream.isatty())
-    except (AttributeError, ValueError):  # no isatty, or a closed stream
-        return False
 
 
 _PLURAL = {"step": "steps", "batch": "batches", "s": "s"}
@@ -126,8 +114,8 @@ class Progress:
         spent = now - self._start
         done = position - self._initial
         left = f", ~{_clock((total - position) * spent / done)} left" if done > 0 and total else ""
-        print(f"train: {where}, loss {s['loss']:.3f}, lr {s['lr']:.2e}, {_clock(spent)} "
-              f"elapsed{left}", file=sys.stderr, flush=True)  # fmt: skip
+        write_line(f"train: {where}, loss {s['loss']:.3f}, lr {s['lr']:.2e}, {_clock(spent)} "
+                   f"elapsed{left}")  # fmt: skip
         self._last_line, self._written_at = now, position
         self._next_tenth = self._tenth(position) + 1
 

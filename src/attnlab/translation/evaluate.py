@@ -13,16 +13,15 @@ Shapes: B sentences per batch, S source length, N new tokens.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from attnlab.generation.generate import generate
 from attnlab.models.transformer import EncoderDecoderTransformer
+from attnlab.progress import Counter
 from attnlab.translation.tokenizer import TranslationTokenizer
 
 EXTRA_OUTPUT_TOKENS = 50  # §6.1: maximum output length = input length + 50
@@ -72,7 +71,7 @@ def translate(
             )
     out = [""] * len(encoded)
     todo = sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
-    bar = _Bar(len(todo)) if progress else None
+    bar = Counter(len(todo), "translating", "sentence") if progress else None
     for start in range(0, len(todo), batch_size):
         chunk = todo[start : start + batch_size]
         sources = [[*encoded[i], tokenizer.eos_id] for i in chunk]
@@ -92,36 +91,6 @@ def translate(
     if bar is not None:
         bar.close()
     return out
-
-
-class _Bar:
-    """Progress over ``total`` sentences on stderr: a tqdm bar on a terminal (or in a
-    notebook), else a plain line each tenth (the same stream the bar would draw on)."""
-
-    def __init__(self, total: int) -> None:
-        notebook = any(c.__module__ == "tqdm.notebook" for c in tqdm.__mro__)
-        try:
-            terminal = notebook or sys.stderr.isatty()
-        except (AttributeError, ValueError):  # no isatty, or a closed stream
-            terminal = False
-        self.total, self.done, self.tenth = total, 0, 0
-        self.bar = tqdm(total=total, unit="sentence", desc="translating") if terminal else None
-
-    def update(self, n: int) -> None:
-        self.done += n
-        if self.bar is not None:
-            self.bar.update(n)
-            return
-        tenth = 10 * self.done // max(self.total, 1)
-        if tenth > self.tenth:
-            self.tenth = tenth
-            print(f"translating: {self.done}/{self.total} sentences "
-                  f"({100 * self.done // max(self.total, 1)}%)",
-                  file=sys.stderr, flush=True)  # fmt: skip
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 @dataclass(frozen=True)
