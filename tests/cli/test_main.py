@@ -89,7 +89,7 @@ def _exit_code(argv: list[str]) -> int:
         ),
         (["train", "reverse", "--dropout", "1.5"], "--dropout must be in [0, 1)"),
         (["train", "reverse", "--bogus"], "unknown option '--bogus'"),
-        (["train", "reverse", "--schedule", "step"], "expected one of noam, cosine, constant"),
+        (["train", "reverse", "--schedule", "step"], "expected one of noam, cosine, wsd, constant"),
         (["train", "reverse", "--steps", "50", "--warmup", "100"], "needs --warmup < --steps"),
         (["train", "reverse", "--lr", "inf"], "--lr must be a finite number, got inf"),
         (["train", "sort"], "invalid choice: 'sort'"),

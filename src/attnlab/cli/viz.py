@@ -208,6 +208,8 @@ def _schedule(args: argparse.Namespace) -> int:
         min_ratio=args.min_ratio,
         factor=args.factor,
         lr=args.lr,
+        decay_fraction=args.decay_fraction,
+        decay=args.decay,
     )
     print(f"wrote {save_figure(fig, out, dpi=args.dpi)}")
     return 0
@@ -353,14 +355,19 @@ def _add_masks(sub: Any) -> None:
 
 def _add_schedule(sub: Any) -> None:
     p = _command(sub, "schedule", "learning-rate schedule curve")
-    p.add_argument("--kind", default="noam", choices=["noam", "cosine", "constant"])
+    p.add_argument("--kind", default="noam", choices=["noam", "cosine", "wsd", "constant"])
     p.add_argument("--d-model", type=int, nargs="+", default=[512], help="one or more widths")
     p.add_argument("--warmup", type=int, nargs="+", default=[4000], help="one or more")
     p.add_argument("--steps", type=int, default=20000)
-    p.add_argument("--total-steps", type=int, help="cosine: end of the decay (default --steps)")
-    p.add_argument("--min-ratio", type=float, default=0.0, help="cosine: floor")
+    p.add_argument("--total-steps", type=int,
+                   help="cosine, wsd: end of the decay (default --steps)")  # fmt: skip
+    p.add_argument("--min-ratio", type=float, default=0.0, help="cosine, wsd: floor")
+    p.add_argument("--decay-fraction", type=float, default=0.2,
+                   help="wsd: the last fraction of the steps that decays")  # fmt: skip
+    p.add_argument("--decay", default="linear", choices=["linear", "sqrt", "cosine"],
+                   help="wsd: the decay's shape (sqrt: 1 - sqrt)")  # fmt: skip
     p.add_argument("--factor", type=float, default=1.0, help="noam: multiplier")
-    p.add_argument("--lr", type=float, help="cosine/constant: base learning rate")
+    p.add_argument("--lr", type=float, help="cosine/wsd/constant: base learning rate")
     _output(p, None, "schedule_<kind>.png")
 
 

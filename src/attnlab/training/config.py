@@ -30,7 +30,8 @@ from typing import Literal
 
 from attnlab.config import Config, check_positive, check_probability, check_seed
 
-ScheduleName = Literal["noam", "cosine", "constant"]
+ScheduleName = Literal["noam", "cosine", "wsd", "constant"]
+WsdDecay = Literal["linear", "sqrt", "cosine"]
 ScheduleClock = Literal["steps", "time"]
 OptimizerName = Literal["adam", "adamw", "sgd"]
 OptimizerImpl = Literal["auto", "fused", "foreach", "for-loop"]
@@ -69,7 +70,9 @@ class TrainConfig(Config):
     # -- schedule (attnlab.training.schedules)
     schedule: ScheduleName = "noam"
     warmup: int = 4000
-    min_lr_ratio: float = 0.0  # cosine floor, as a fraction of lr
+    min_lr_ratio: float = 0.0  # cosine and wsd floor, as a fraction of lr
+    decay_fraction: float = 0.2  # wsd: the last fraction of the steps decays
+    wsd_decay: WsdDecay = "linear"  # wsd: the decay's shape (linear, sqrt: 1 - sqrt, cosine)
     # "time": the cosine runs on whichever is further along, steps/steps or training time/
     # max_minutes, so a run that the clock stops early still ends decayed (time budgets)
     schedule_clock: ScheduleClock = "steps"
@@ -156,6 +159,18 @@ class TrainConfig(Config):
             )
         if self.schedule == "noam" and self.warmup == 0:
             raise ValueError("schedule='noam' needs warmup > 0 (eq. (3) divides by it)")
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise ValueError(f"decay_fraction must be in (0, 1], got {self.decay_fraction}")
+        if self.schedule == "wsd":
+            if self.steps is None:
+                raise ValueError("schedule='wsd' needs steps (it decays over the last ones)")
+            decay_steps = max(1, round(self.decay_fraction * self.steps))
+            if self.warmup > self.steps - decay_steps:
+                raise ValueError(
+                    f"schedule='wsd' needs warmup <= steps - decay steps, got warmup="
+                    f"{self.warmup}, steps={self.steps}, decay steps={decay_steps} "
+                    f"(decay_fraction={self.decay_fraction})"
+                )
         if self.schedule == "cosine":
             if self.steps is None:
                 raise ValueError("schedule='cosine' needs steps (it decays to the last one)")
@@ -201,4 +216,11 @@ class TrainConfig(Config):
         return self.batch_size // world_size
 
 
-__all__ = ["OptimizerImpl", "OptimizerName", "PrecisionName", "ScheduleName", "TrainConfig"]
+__all__ = [
+    "OptimizerImpl",
+    "OptimizerName",
+    "PrecisionName",
+    "ScheduleName",
+    "TrainConfig",
+    "WsdDecay",
+]

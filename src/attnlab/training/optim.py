@@ -189,6 +189,12 @@ def build_scheduler(
         schedule = make_schedule(
             "cosine", warmup=config.warmup, total_steps=config.steps, min_ratio=config.min_lr_ratio
         )
+    elif config.schedule == "wsd":
+        schedule = make_schedule(
+            "wsd", warmup=config.warmup, total_steps=config.steps,
+            decay_fraction=config.decay_fraction, min_ratio=config.min_lr_ratio,
+            decay=config.wsd_decay,
+        )  # fmt: skip
     else:
         schedule = make_schedule("constant", warmup=config.warmup)
     if config.schedule_clock == "time":

@@ -6,7 +6,8 @@
 
 a linear warmup for ``warmup_steps`` steps, then decay proportional to the inverse square root of
 the step; it peaks at ``step_num = warmup_steps`` with ``d_model^-0.5 · warmup_steps^-0.5``. Also
-here: linear warmup + cosine decay (the common modern choice) and a constant rate (with an
+here: linear warmup + cosine decay (the common modern choice), warmup-stable-decay (WSD: a
+constant peak for most of the run, then a short decay at its end) and a constant rate (with an
 optional linear warmup).
 
 Every schedule returns a *multiplier* of the optimizer's learning rate. The Noam schedule's values
@@ -86,6 +87,67 @@ def warmup_cosine(step: int, *, warmup: int, total_steps: int, min_ratio: float 
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+WSD_DECAYS = ("linear", "sqrt", "cosine")
+
+
+@SCHEDULES.register("wsd")
+def warmup_stable_decay(
+    step: int,
+    *,
+    warmup: int,
+    total_steps: int,
+    decay_fraction: float = 0.2,
+    min_ratio: float = 0.0,
+    decay: str = "linear",
+) -> float:
+    """Warmup-stable-decay (WSD): a linear warmup from 0 to 1 over ``warmup`` steps, 1 until the
+    last ``D = round(decay_fraction · total_steps)`` steps, then a decay from 1 to ``min_ratio``
+    at ``total_steps`` (and ``min_ratio`` after it).
+
+    With ``p = (step - (total_steps - D)) / D`` in [0, 1] during the decay, the multiplier is
+    ``min_ratio + (1 - min_ratio) · f(p)`` with ``f(p) = 1 - p`` (``"linear"``),
+    ``1 - sqrt(p)`` (``"sqrt"``) or ``(1 + cos(π p)) / 2`` (``"cosine"``).
+
+    Sources: the schedule of MiniCPM (Hu et al., 2024, "MiniCPM: Unveiling the Potential of
+    Small Language Models with Scalable Training Strategies") and the "1 - sqrt" cooldown of
+    Hägele et al., 2024 ("Scaling Laws and Compute-Optimal Training Beyond Fixed Training
+    Durations"). Its use: the stable phase does not depend on the run's length, so a run can be
+    continued from any stable-phase checkpoint and decayed where the budget ends.
+
+    Raises:
+        ValueError: for a negative step or warmup, ``decay_fraction`` outside (0, 1], a warmup
+            that runs into the decay (``warmup > total_steps - D``), ``min_ratio`` outside
+            [0, 1] or an unknown ``decay``.
+    """
+    _check_step(step)
+    if not 0.0 < decay_fraction <= 1.0:
+        raise ValueError(f"decay_fraction must be in (0, 1], got {decay_fraction}")
+    if decay not in WSD_DECAYS:
+        raise ValueError(f"unknown decay {decay!r}; valid: {', '.join(WSD_DECAYS)}")
+    if not 0.0 <= min_ratio <= 1.0:
+        raise ValueError(f"min_ratio must be in [0, 1], got {min_ratio}")
+    decay_steps = max(1, round(decay_fraction * total_steps))
+    start = total_steps - decay_steps  # the last step at the peak
+    if warmup < 0 or total_steps < 1 or warmup > start:
+        raise ValueError(
+            f"need 0 <= warmup <= total_steps - decay steps, got warmup={warmup}, "
+            f"total_steps={total_steps}, decay steps={decay_steps} (decay_fraction "
+            f"{decay_fraction})"
+        )
+    if step < warmup:
+        return step / warmup
+    if step <= start:
+        return 1.0
+    progress = min(1.0, (step - start) / decay_steps)
+    if decay == "linear":
+        shape = 1.0 - progress
+    elif decay == "sqrt":
+        shape = 1.0 - math.sqrt(progress)
+    else:
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return min_ratio + (1.0 - min_ratio) * shape
+
+
 @SCHEDULES.register("constant")
 def constant(step: int, *, warmup: int = 0) -> float:
     """``1.0``, after an optional linear warmup from 0 over ``warmup`` steps.
@@ -119,10 +181,12 @@ def lambda_lr(optimizer: Optimizer, schedule: Schedule) -> LambdaLR:
 
 __all__ = [
     "SCHEDULES",
+    "WSD_DECAYS",
     "Schedule",
     "constant",
     "lambda_lr",
     "make_schedule",
     "noam",
     "warmup_cosine",
+    "warmup_stable_decay",
 ]

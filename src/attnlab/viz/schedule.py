@@ -31,14 +31,18 @@ def schedule_curves(
     min_ratio: float = 0.0,
     factor: float = 1.0,
     lr: float | None = None,
+    decay_fraction: float = 0.2,
+    decay: str = "linear",
 ) -> dict[str, tuple[list[int], list[float]]]:
     """Curve label -> ``(steps 1..steps, values)`` for each combination of the arguments.
 
     Args:
-        kind: a :data:`~attnlab.training.schedules.SCHEDULES` key (noam, cosine, constant).
+        kind: a :data:`~attnlab.training.schedules.SCHEDULES` key (noam, cosine, wsd,
+            constant).
         steps: the last step drawn. d_model: widths (noam). warmup: warmup steps (all kinds).
-        total_steps: cosine's end (default ``steps``). min_ratio: cosine's floor.
-        factor: noam's multiplier. lr: multiply cosine/constant values by this base rate.
+        total_steps: cosine's and wsd's end (default ``steps``). min_ratio: their floor.
+        factor: noam's multiplier. lr: multiply cosine/wsd/constant values by this base rate.
+        decay_fraction, decay: wsd's decay (the last fraction of ``total_steps``, its shape).
 
     Raises:
         ValueError: for an unknown kind (listing the valid ones), ``steps < 1`` or arguments the
@@ -61,6 +65,18 @@ def schedule_curves(
                 "cosine", warmup=w, total_steps=total_steps or steps, min_ratio=min_ratio
             )
             curves[f"warmup={w}, total={total_steps or steps}"] = (xs, [scale * f(s) for s in xs])
+    elif kind == "wsd":
+        for w in warmup:
+            f = make_schedule(
+                "wsd",
+                warmup=w,
+                total_steps=total_steps or steps,
+                decay_fraction=decay_fraction,
+                min_ratio=min_ratio,
+                decay=decay,
+            )
+            label = f"warmup={w}, decay {decay} over the last {decay_fraction:.0%}"
+            curves[label] = (xs, [scale * f(s) for s in xs])
     else:
         for w in warmup:
             f = make_schedule(kind, warmup=w)
@@ -78,6 +94,8 @@ def plot_schedule(
     min_ratio: float = 0.0,
     factor: float = 1.0,
     lr: float | None = None,
+    decay_fraction: float = 0.2,
+    decay: str = "linear",
     path: str | os.PathLike[str] | None = None,
 ) -> Figure:
     """Draw :func:`schedule_curves` (same arguments) on one axes, marking each curve's peak."""
@@ -90,6 +108,8 @@ def plot_schedule(
         min_ratio=min_ratio,
         factor=factor,
         lr=lr,
+        decay_fraction=decay_fraction,
+        decay=decay,
     )
     fig = new_figure(7.5, 4.3)
     ax = fig.subplots()
