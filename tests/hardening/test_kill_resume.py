@@ -184,6 +184,14 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [{k: v for k, v in json.loads(x).items() if k not in VOLATILE} for x in lines]
 
 
+def assert_same_run(run_dir: Path, reference: Path, what: str) -> None:
+    """``run_dir`` ended bitwise as the uninterrupted ``reference``: every weight, every metric."""
+    expected = weights(reference)
+    for key, value in weights(run_dir).items():
+        assert torch.equal(value, expected[key]), f"{what}: {key} differs"
+    assert metrics(run_dir) == metrics(reference), what
+
+
 def check_checkpoints(run_dir: Path) -> int:
     """Every checkpoint on disk loads or is incomplete (never corrupt); ``latest`` loads.
 
@@ -263,10 +271,7 @@ def test_killed_and_resumed_run_matches_the_uninterrupted_one(setup: Setup, tria
     out = setup.worker.run(request(setup, run_dir, log, "--resume"))
     assert out.ok, f"{history}: the final resume {out}"
     assert check_checkpoints(run_dir) == STEPS, history
-    reference = weights(setup.reference)
-    for key, value in weights(run_dir).items():
-        assert torch.equal(value, reference[key]), f"{history}: {key} differs"
-    assert metrics(run_dir) == metrics(setup.reference), history
+    assert_same_run(run_dir, setup.reference, history)
     assert stale_temp_files(run_dir) == [], f"{history}: left after the resume"
     print(f"trial {trial}: {'; '.join(history)}; temporary files the resume removed: {stale}")
 
@@ -293,10 +298,7 @@ def test_a_resume_killed_while_rewriting_a_run_file_resumes_again(setup: Setup, 
     log = setup.tmp / f"torn-{name}-2.log"
     out = setup.worker.run(request(setup, run_dir, log, "--resume"))
     assert out.ok, f"the second resume {out}"
-    reference = weights(setup.reference)
-    for key, value in weights(run_dir).items():
-        assert torch.equal(value, reference[key]), key
-    assert metrics(run_dir) == metrics(setup.reference)
+    assert_same_run(run_dir, setup.reference, "")
     assert stale_temp_files(run_dir) == []
 
 
@@ -423,10 +425,7 @@ def test_kills_with_broken_pointers_and_damaged_steps_between_them(
             break
     out = setup.worker.run(request(setup, run_dir, setup.tmp / f"d{trial}-end.log", "--resume"))
     assert out.ok, f"{history}: the final resume {out}"
-    reference = weights(setup.reference)
-    for key, value in weights(run_dir).items():
-        assert torch.equal(value, reference[key]), f"{history}: {key} differs"
-    assert metrics(run_dir) == metrics(setup.reference), history
+    assert_same_run(run_dir, setup.reference, history)
     assert stale_temp_files(run_dir) == [], history
     print(f"damage trial {trial}: {'; '.join(history)}")
 
@@ -485,8 +484,5 @@ def test_a_second_writer_is_refused_and_a_killed_owner_leaves_no_stale_lock(
     log = setup.tmp / f"{run_dir.name}-1.log"
     out = setup.worker.run(request(setup, run_dir, log, "--resume"))
     assert out.ok, f"the resume after the owner's kill {out}"
-    reference = weights(setup.reference)
-    for key, value in weights(run_dir).items():
-        assert torch.equal(value, reference[key]), key
-    assert metrics(run_dir) == metrics(setup.reference)
+    assert_same_run(run_dir, setup.reference, "")
     assert stale_temp_files(run_dir) == [] and not (run_dir / ".lock").exists()
