@@ -260,3 +260,17 @@ def test_a_failing_rank_stops_the_job_promptly(root: Path) -> None:
     assert "rank      : 1" in log  # torchrun's report names the failing rank
     assert seconds < 120, f"the job took {seconds:.0f} s to stop"
     print(f"failing launch: {seconds:.1f} s")
+
+
+def test_ddp_with_muon_equals_one_process(root: Path) -> None:
+    """Muon (issue 51) under DDP: every process orthogonalises the same all-reduced momentum."""
+    muon = ("--optimizer=muon", "--muon-lr=0.05", "--lr=0.01", "--bias=false")
+    torch.set_num_threads(1)
+    assert main(_train_args(root, "muon_one", 2, *muon)) == 0
+    done, _ = _torchrun(["-m", "attnlab", *_train_args(root, "muon_ddp", 2, *muon)], cwd=root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    two = load_file(_checkpoint(root, "muon_ddp", 2) / "model.safetensors")
+    one = load_file(_checkpoint(root, "muon_one", 2) / "model.safetensors")
+    print(f"max |2 processes - 1 process| = {_max_diff(two, one):.2e}")
+    assert _max_diff(two, one) < TOL
+    assert "Muon + AdamW" in done.stdout

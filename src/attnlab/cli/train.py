@@ -289,8 +289,13 @@ def _print_header(prepared: Prepared, run: RunDir, ctx: Any, resume: bool) -> No
     )
     data = ", ".join(f"{k} {v}" for k, v in prepared.data.info.items())
     print(f"  data: {data}" if data else "  data: -", flush=True)
+    rate = (
+        f"muon lr {t.muon_lr:g}, adamw lr {t.lr:g}"
+        if t.optimizer == "muon"
+        else (f"{t.optimizer} lr {t.lr:g}")
+    )
     print(
-        f"  budget: {_budget(t)}; batch {t.batch_size} x {t.grad_accum}, {t.optimizer} lr {t.lr:g}"
+        f"  budget: {_budget(t)}; batch {t.batch_size} x {t.grad_accum}, {rate}"
         f" ({t.schedule}), seed {t.seed}",
         flush=True,
     )

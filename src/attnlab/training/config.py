@@ -33,7 +33,7 @@ from attnlab.config import Config, check_positive, check_probability, check_seed
 ScheduleName = Literal["noam", "cosine", "wsd", "constant"]
 WsdDecay = Literal["linear", "sqrt", "cosine"]
 ScheduleClock = Literal["steps", "time"]
-OptimizerName = Literal["adam", "adamw", "sgd"]
+OptimizerName = Literal["adam", "adamw", "sgd", "muon"]
 OptimizerImpl = Literal["auto", "fused", "foreach", "for-loop"]
 PrecisionName = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16"]
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
@@ -65,6 +65,10 @@ class TrainConfig(Config):
     betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
+    # muon (attnlab.training.muon): Muon for the hidden matrices at muon_lr, AdamW at lr (with
+    # betas, adam_eps) for embeddings, the head, norms and biases; weight_decay for both
+    muon_lr: float = 0.02
+    muon_momentum: float = 0.95
     decay_norms_and_biases: bool = False  # by default biases and norm gains are not decayed
     decay_embeddings: bool = False  # nor embeddings (token, position, patch position tables)
     # -- schedule (attnlab.training.schedules)
@@ -121,8 +125,15 @@ class TrainConfig(Config):
             adam_eps=self.adam_eps, clip_grad_norm=self.clip_grad_norm,
             eval_batches=self.eval_batches, early_stopping=self.early_stopping,
             keep_checkpoints=self.keep_checkpoints, log_every=self.log_every,
-            checkpoint_every_minutes=self.checkpoint_every_minutes,
+            checkpoint_every_minutes=self.checkpoint_every_minutes, muon_lr=self.muon_lr,
         )  # fmt: skip
+        if not 0.0 <= self.muon_momentum < 1.0:
+            raise ValueError(f"muon_momentum must be in [0, 1), got {self.muon_momentum}")
+        if self.optimizer == "muon" and self.fsdp:
+            raise ValueError(
+                "optimizer='muon' needs whole matrices for its Newton-Schulz step; FSDP shards "
+                "them: train with DDP (fsdp=False) or another optimizer"
+            )
         if self.steps is None and self.max_minutes is None and self.max_epochs is None:
             raise ValueError("give a training budget: steps, max_minutes or max_epochs")
         check_probability(label_smoothing=self.label_smoothing)

@@ -27,7 +27,9 @@ from torch.optim.lr_scheduler import LambdaLR
 from attnlab.layers.embedding import TokenEmbedding
 from attnlab.layers.norm import BatchNorm, LayerNorm, RMSNorm
 from attnlab.layers.positional import LearnedPositionalEmbedding
+from attnlab.models.family import find_family
 from attnlab.training.config import TrainConfig
+from attnlab.training.muon import Muon
 from attnlab.training.schedules import lambda_lr, make_schedule
 
 _EMBEDDINGS = (nn.Embedding, TokenEmbedding, LearnedPositionalEmbedding)
@@ -108,6 +110,8 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> Optimizer:
         decay_norms_and_biases=config.decay_norms_and_biases,
         decay_embeddings=config.decay_embeddings,
     )
+    if config.optimizer == "muon":
+        return _build_muon(model, groups, config)
     impl = optimizer_impl(groups, config.optimizer_impl)
     kwargs = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
     if config.optimizer == "sgd":  # torch's SGD has the same three implementations
@@ -116,6 +120,50 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> Optimizer:
         return torch.optim.SGD(groups, lr=config.lr, momentum=config.betas[0], **kwargs)
     cls = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
     return cls(groups, lr=config.lr, betas=config.betas, eps=config.adam_eps, **kwargs)
+
+
+def muon_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters Muon updates: the hidden layers' matrices.
+
+    That is every ``"weight"`` of :func:`classify_parameters` (two or more dimensions, not an
+    embedding, norm or ``_no_weight_decay`` parameter) except the output head's, which the
+    model's family names (:attr:`HookLayout.head`); a model of no family keeps every weight.
+    """
+    head_ids: set[int] = set()
+    family = find_family(model)
+    if family is not None and family.hooks is not None:
+        head = family.hooks(model).head
+        if head is not None:
+            head_ids = {id(p) for p in head.parameters()}
+    params = dict(model.named_parameters())
+    return [
+        params[name]
+        for name, kind in classify_parameters(model).items()
+        if kind == "weight" and id(params[name]) not in head_ids
+    ]
+
+
+def _build_muon(model: nn.Module, groups: list[dict[str, Any]], config: TrainConfig) -> Muon:
+    """:class:`Muon` over the hidden matrices, AdamW over the rest, decayed as ``groups`` say."""
+    if config.optimizer_impl not in ("auto", "for-loop"):
+        raise ValueError(
+            f"optimizer='muon' has one implementation (for-loop); got optimizer_impl="
+            f"{config.optimizer_impl!r}"
+        )
+    hidden = {id(p) for p in muon_parameters(model)}
+    muon_groups: list[dict[str, Any]] = []
+    for group in groups:
+        muon = [p for p in group["params"] if id(p) in hidden]
+        rest = [p for p in group["params"] if id(p) not in hidden]
+        wd = group["weight_decay"]
+        if muon:
+            muon_groups.append({"params": muon, "use_muon": True, "weight_decay": wd})
+        if rest:
+            muon_groups.append({"params": rest, "use_muon": False, "weight_decay": wd})
+    return Muon(
+        muon_groups, lr=config.muon_lr, momentum=config.muon_momentum, adam_lr=config.lr,
+        betas=config.betas, eps=config.adam_eps,
+    )  # fmt: skip
 
 
 def optimizer_impl(groups: list[dict[str, Any]], asked: str) -> str:
@@ -148,6 +196,8 @@ def optimizer_impl(groups: list[dict[str, Any]], asked: str) -> str:
 def describe_optimizer(optimizer: Optimizer) -> str:
     """``"AdamW (fused)"``: the class and the implementation an optimizer runs."""
     d = optimizer.defaults
+    if isinstance(optimizer, Muon):
+        return "Muon + AdamW (for-loop)"
     impl = "fused" if d.get("fused") else "foreach" if d.get("foreach") else "for-loop"
     return f"{type(optimizer).__name__} ({impl})"
 

@@ -1,0 +1,218 @@
+"""Muon: momentum whose update is orthogonalised, for the hidden matrices; AdamW for the rest.
+
+Muon (Keller Jordan et al., 2024, "Muon: An optimizer for hidden layers in neural networks";
+the optimizer of the modded-nanogpt speedrun) keeps SGD's momentum buffer for a weight matrix
+``W (m, n)``, but instead of stepping along the buffer ``M`` it steps along the orthogonal
+matrix nearest to it, ``U V^T`` for ``M = U S V^T``: every singular direction of the update gets
+the same size, so the rare directions a gradient barely excites are not drowned by the dominant
+ones. ``U V^T`` is approximated by a few steps of a quintic Newton-Schulz iteration
+(:func:`newton_schulz`), which needs only matrix products.
+
+Muon is meant for the 2-D weights of the hidden layers. Embedding tables, the output head,
+norm gains, biases and other scalars keep AdamW (the speedrun's split): their gradients are
+sparse (embeddings) or their rows are per-class (head), where orthogonalising has no meaning.
+:class:`Muon` is one optimizer over both kinds of parameter group, so a trainer, a checkpoint
+and a learning-rate scheduler see one object; its state is the usual ``state_dict``.
+
+One step for a Muon group (``g`` the gradient, ``mu`` the momentum, ``lr`` the rate, ``wd`` the
+decoupled weight decay):
+
+    buf <- mu * buf + g
+    u   <- g + mu * buf            (Nesterov; plain momentum: u <- buf)
+    O   <- newton_schulz(u)        (singular values brought near 1)
+    W   <- W * (1 - lr * wd) - lr * sqrt(max(1, m / n)) * O
+
+The factor ``sqrt(max(1, m / n))`` is the speedrun's: a tall matrix (more rows than columns)
+has an orthogonal update of larger RMS per column. Matrices of 3 or more dimensions (a
+convolution's kernel) are viewed as ``(shape[0], -1)``.
+
+The AdamW groups follow Loshchilov & Hutter's decoupled decay, written out here (not torch's
+kernel) so that the one optimizer's arithmetic is all in this file and resumes bitwise.
+
+Under DDP every process holds the same all-reduced gradients, so every process computes the same
+update: Muon needs nothing more. Sharded parameters (FSDP2) would need each whole matrix
+gathered before the iteration; :class:`Muon` refuses them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+# The quintic's coefficients (Jordan et al.): chosen to grow small singular values fast (slope
+# 3.4445 at 0) rather than to converge to exactly 1. Five steps map every singular value of
+# g / ||g||_F that is at least NS_FLOOR into NS_BAND (the polynomial's five-fold composition on
+# [0.002, 1] has range [0.682, 1.202]); smaller ones stay below it.
+NS_COEFFICIENTS: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
+NS_BAND: tuple[float, float] = (0.68, 1.21)
+NS_FLOOR: float = 0.002
+
+
+def newton_schulz(g: Tensor, steps: int = 5, *, eps: float = 1e-7) -> Tensor:
+    """The orthogonal factor ``U V^T`` of ``g = U S V^T``, approximately, by the quintic iteration.
+
+    ``X <- a X + b (X X^T) X + c (X X^T)^2 X`` from ``X = g / ||g||_F`` (so every singular value
+    starts in [0, 1]), with ``(a, b, c) = NS_COEFFICIENTS``. Each step maps a singular value
+    ``s`` to ``a s + b s^3 + c s^5``; five steps drive every ``s >= NS_FLOOR`` (relative to
+    the Frobenius norm) into ``NS_BAND``. Runs in float32 (the speedrun uses bfloat16 on
+    GPUs; on a CPU float32 is as fast and exact to compare).
+
+    Args:
+        g: ``(m, n)`` matrix (a gradient or momentum), any float dtype.
+        steps: iterations (5 in the speedrun).
+        eps: added to the norm, so a zero matrix stays zero.
+
+    Returns:
+        ``(m, n)`` in ``g``'s dtype.
+
+    Raises:
+        ValueError: for a tensor that is not 2-D, or ``steps < 0``.
+    """
+    if g.ndim != 2:
+        raise ValueError(f"newton_schulz takes a 2-D matrix, got shape {tuple(g.shape)}")
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
+    a, b, c = NS_COEFFICIENTS
+    x = g.to(torch.float32)
+    tall = x.shape[0] > x.shape[1]
+    if tall:  # iterate on the short side: X X^T is min(m, n) square
+        x = x.mT
+    x = x / (x.norm() + eps)
+    for _ in range(steps):
+        xxt = x @ x.mT  # (k, k), k = min(m, n)
+        x = a * x + (b * xxt + c * (xxt @ xxt)) @ x
+    if tall:
+        x = x.mT
+    return x.to(g.dtype)
+
+
+class Muon(Optimizer):
+    """Muon for the parameter groups marked ``use_muon=True``, AdamW for the others; one object.
+
+    Group options (defaults from the constructor): Muon groups take ``lr``, ``momentum``,
+    ``nesterov``, ``ns_steps``, ``weight_decay``; AdamW groups take ``lr``, ``betas``, ``eps``,
+    ``weight_decay``. A scheduler multiplies every group's ``lr`` alike, so the two rates keep
+    their ratio.
+
+    Args:
+        params: parameter groups (dicts with ``"params"`` and ``"use_muon"``), or an iterable of
+            tensors (all Muon).
+        lr: Muon's rate (0.02 in the speedrun, in units of an orthogonal step per update).
+        momentum, nesterov, ns_steps: Muon's momentum and its Newton-Schulz iterations.
+        adam_lr, betas, eps: the AdamW groups' rate, moment decays and epsilon.
+        weight_decay: decoupled decay for groups that do not set their own.
+
+    Raises:
+        ValueError: for a bad option, a Muon parameter with fewer than 2 dimensions, or a
+            sharded (DTensor) parameter.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        *,
+        lr: float = 0.02,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        adam_lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        if not all(0.0 <= beta < 1.0 for beta in betas):
+            raise ValueError(f"betas must be in [0, 1), got {betas}")
+        if lr <= 0 or adam_lr <= 0 or eps <= 0 or weight_decay < 0 or ns_steps < 1:
+            raise ValueError(
+                f"Muon needs lr > 0, adam_lr > 0, eps > 0, weight_decay >= 0, ns_steps >= 1; "
+                f"got lr={lr}, adam_lr={adam_lr}, eps={eps}, weight_decay={weight_decay}, "
+                f"ns_steps={ns_steps}"
+            )
+        self._adam_lr = adam_lr
+        defaults = dict(
+            lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, betas=betas,
+            eps=eps, weight_decay=weight_decay, use_muon=True,
+        )  # fmt: skip
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group; an AdamW group with no ``lr`` of its own takes ``adam_lr``."""
+        if not param_group.get("use_muon", True) and "lr" not in param_group:
+            param_group["lr"] = self._adam_lr
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        for p in group["params"]:
+            if type(p) not in (torch.Tensor, torch.nn.Parameter):
+                raise ValueError(
+                    f"Muon takes plain tensors; got a {type(p).__name__} (sharded parameters "
+                    "need the whole matrix for the iteration: train with DDP, not FSDP)"
+                )
+            if group["use_muon"] and p.ndim < 2:
+                raise ValueError(
+                    f"a Muon group holds a parameter of shape {tuple(p.shape)}; Muon updates "
+                    "matrices (2+ dimensions): put vectors and scalars in a use_muon=False group"
+                )
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        """One update of every parameter that has a gradient (see the module's equations)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if group["use_muon"]:
+                self._muon_group(group)
+            else:
+                self._adamw_group(group)
+        return loss
+
+    def _muon_group(self, group: dict[str, Any]) -> None:
+        lr, mu, wd = group["lr"], group["momentum"], group["weight_decay"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            g = p.grad.reshape(p.shape[0], -1)  # (m, n): conv kernels flattened
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(g)
+            buf = state["momentum_buffer"]
+            buf.mul_(mu).add_(g)
+            update = g.add(buf, alpha=mu) if group["nesterov"] else buf
+            ortho = newton_schulz(update, group["ns_steps"])
+            scale = math.sqrt(max(1.0, g.shape[0] / g.shape[1]))
+            if wd:
+                p.mul_(1.0 - lr * wd)
+            p.add_(ortho.reshape(p.shape), alpha=-lr * scale)
+
+    def _adamw_group(self, group: dict[str, Any]) -> None:
+        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        beta1, beta2 = group["betas"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            g = p.grad
+            state = self.state[p]
+            if "step" not in state:
+                state["step"] = torch.zeros((), dtype=torch.float32)
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
+            state["step"] += 1
+            t = float(state["step"])
+            m, v = state["exp_avg"], state["exp_avg_sq"]
+            m.lerp_(g, 1.0 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+            if wd:
+                p.mul_(1.0 - lr * wd)
+            denom = (v / (1.0 - beta2**t)).sqrt_().add_(eps)
+            p.addcdiv_(m, denom, value=-lr / (1.0 - beta1**t))
+
+
+__all__: list[str] = ["NS_BAND", "NS_COEFFICIENTS", "NS_FLOOR", "Muon", "newton_schulz"]
