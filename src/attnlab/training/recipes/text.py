@@ -74,10 +74,18 @@ class CharLMOptions(TextData):
 
     arch: Literal["classic", "modern", "mamba", "lstm", "gru"] = "classic"
     block_size: int | None = None  # training length; None: the GPT's max_seq_len, 64 otherwise
+    # speedrun: the fastest recipe to a validation loss found on this CPU (SPEEDRUN_MODEL and
+    # SPEEDRUN_TRAIN below, issue 51); fields given by name still win over the preset's
+    preset: Literal["none", "speedrun"] = "none"
 
     def validate(self) -> None:
         super().validate()
         check_positive(block_size=self.block_size)
+        if self.preset != "none" and self.arch not in ("classic", "modern"):
+            raise ValueError(
+                f"preset={self.preset!r} is a GPT recipe; it does not combine with "
+                f"arch={self.arch!r} (leave arch out)"
+            )
 
 
 def block_size(options: Any, config: Any) -> int:
@@ -150,9 +158,43 @@ def arch_config(arch: str, vocab_size: int) -> Any:
     return dataclasses.replace(_gpt_config(options, None), vocab_size=vocab_size)
 
 
+# -- the speedrun preset (issue 51): chosen on the validation split of the training text only,
+# measured by benchmarks/time_to_loss.py (docs/time_to_loss.md has the runs and the ablations).
+SPEEDRUN_MODEL: dict[str, Any] = {
+    "pos_encoding": "rope", "norm": "rmsnorm", "activation": "swiglu", "d_ff": 346,
+    "tie_output": False,
+}  # fmt: skip
+SPEEDRUN_TRAIN: dict[str, Any] = {
+    "optimizer": "muon", "muon_lr": 0.02, "lr": 3e-3, "betas": (0.9, 0.95),
+    "weight_decay": 0.0, "schedule": "wsd", "warmup": 50, "decay_fraction": 0.3,
+    "min_lr_ratio": 0.0, "clip_grad_norm": None,
+}  # fmt: skip
+# technique -> the fields that take it out of the preset (benchmarks/time_to_loss.py --ablate)
+SPEEDRUN_ABLATIONS: dict[str, dict[str, Any]] = {
+    "muon": {"optimizer": "adamw", "lr": 1e-3},
+    "wsd": {"schedule": "cosine", "min_lr_ratio": 0.1},
+    "untied-head": {"tie_output": True},
+    "rope": {"pos_encoding": "learned"},
+}
+
+
 def _char_lm_config(options: Any, data: Data | None) -> Any:
     vocab = data.tokenizer.vocab_size if data is not None and data.tokenizer else 65
-    return arch_config(options.arch, vocab)
+    config = arch_config(options.arch, vocab)
+    if options.preset == "speedrun":
+        config = dataclasses.replace(config, **SPEEDRUN_MODEL)
+    return config
+
+
+def _char_lm_adjust(options: Any, train: TrainConfig, config: Any, given: set[str]) -> TrainConfig:
+    """The preset's training fields, except those given by name; a warmup that fits."""
+    if options.preset != "speedrun":
+        return train
+    fields = {k: v for k, v in SPEEDRUN_TRAIN.items() if k not in given}
+    if "warmup" in fields and train.steps is not None:
+        decay = max(1, round(fields.get("decay_fraction", train.decay_fraction) * train.steps))
+        fields["warmup"] = min(fields["warmup"], max(0, train.steps - decay) // 2)
+    return dataclasses.replace(train, **fields)
 
 
 def _bert_config(options: Any, data: Data | None) -> BERTConfig:
@@ -193,7 +235,10 @@ SHAKESPEARE_CHAR = Recipe(
     "--arch mamba, lstm or gru for the families before and after attention",
     CharLMOptions(), LM_TRAIN, _char_lm_config, lambda o, t, _: _text_data(o, t, ()),
     _lm_objective,
-    run_name=lambda o: "shakespeare-char" + (f"-{o.arch}" if o.arch in RECURRENT_ARCHS else ""),
+    adjust=_char_lm_adjust,
+    run_name=lambda o: "shakespeare-char"
+    + (f"-{o.arch}" if o.arch in RECURRENT_ARCHS else "")
+    + (f"-{o.preset}" if o.preset != "none" else ""),
     derived=("vocab_size", "cell"),  # the arch says which cell
     variants=(CharLMOptions(arch="mamba"), CharLMOptions(arch="lstm")),  # gru: lstm's fields
     memory_seq_len=block_size,
@@ -211,6 +256,9 @@ __all__ = [
     "LM_TRAIN",
     "RECURRENT_ARCHS",
     "RECURRENT_BLOCK_SIZE",
+    "SPEEDRUN_ABLATIONS",
+    "SPEEDRUN_MODEL",
+    "SPEEDRUN_TRAIN",
     "CharLMOptions",
     "MLMOptions",
     "TextData",

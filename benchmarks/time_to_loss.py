@@ -1,0 +1,374 @@
+"""Time to loss (issue 51): train char-level Tiny Shakespeare recipes for a wall-clock budget,
+several seeds each, and tabulate validation loss against seconds.
+
+    python benchmarks/time_to_loss.py --recipes modern,speedrun --minutes 5 --seeds 0,1,2
+    python benchmarks/time_to_loss.py --ablate speedrun --minutes 5 --seeds 0,1,2
+    python benchmarks/time_to_loss.py --recipes speedrun --minutes 15 --seeds 0,1,2
+    python benchmarks/time_to_loss.py --nanogpt /path/to/nanoGPT --minutes 5 --seeds 0,1,2
+    python benchmarks/time_to_loss.py --report            # tables and curves from the JSON
+
+Every run is ``attnlab train shakespeare-char`` (through :func:`train_recipe`) with
+``max_minutes`` as its budget: the trainer's clock, which counts training and the periodic
+evaluations (the same cadence for every recipe: ``--eval-every`` steps, ``--eval-batches``
+batches of the validation split, the last 10% of the text; nothing is tuned on a test split).
+Cosine schedules run on the time clock (``schedule_clock="time"``) so that each run ends
+decayed whatever its step rate; WSD recipes set their step count from a measured step rate
+(``--steps-per-s``, or a 20-second probe) so that the decay lands at the end of the budget.
+
+For each recipe: the validation loss at the end of the budget (mean, sample standard deviation,
+min/max over seeds), the seconds to reach each ``--targets`` loss (linearly interpolated between
+evaluations; "-" when a seed never got there), and Welch's t-test of the final losses against
+``--baseline`` (one-sided: lower). ``--ablate R`` runs R with each of its techniques removed in
+turn (:data:`ABLATIONS`). ``--nanogpt DIR`` runs nanoGPT's own ``train.py`` (Karpathy's
+README's CPU "baby GPT" command) from a copy of DIR, its ``max_iters`` scaled to the budget by a
+30-iteration probe; its training seconds are the sum of its per-iteration times with the
+evaluation iterations' times replaced by the median (its log gives no eval time).
+
+Run it alone on the machine: two processes on 2 cores make every number noise. Results append
+to ``benchmarks/results/time_to_loss.json`` (one record per run, replaced when the same recipe,
+budget and seed run again); ``time_to_loss.md`` and ``time_to_loss.png`` are regenerated.
+Data: ``$ATTNLAB_DATA`` or ``../shared/data`` (``tinyshakespeare.txt``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results"
+RUNS = RESULTS / "runs" / "time_to_loss"
+
+# recipe name -> overrides of the shakespeare-char recipe (the speedrun preset is the library's)
+RECIPES: dict[str, dict[str, Any]] = {
+    "baby": {},  # nanoGPT's baby GPT in attnlab (learned positions, GELU, LayerNorm)
+    "modern": {"arch": "modern"},  # RoPE, SwiGLU, RMSNorm: today's best attention recipe
+    "speedrun": {"preset": "speedrun"},
+}
+# recipe -> technique -> the overrides that remove it (the rest of the recipe unchanged)
+ABLATIONS: dict[str, dict[str, dict[str, Any]]] = {
+    "speedrun": {},  # filled from the preset's own list (attnlab.training.recipes.text)
+}
+
+
+def data_file() -> Path:
+    base = Path(os.environ.get("ATTNLAB_DATA", ROOT.parent.parent / "shared" / "data"))
+    path = base / "tinyshakespeare.txt"
+    if not path.is_file():
+        sys.exit(f"time_to_loss: no {path} (set ATTNLAB_DATA to the folder holding it)")
+    return path
+
+
+def recipe_overrides(name: str) -> dict[str, Any]:
+    """The overrides of recipe ``name``, or of an ablation ``recipe-without-technique``."""
+    if name in RECIPES:
+        return dict(RECIPES[name])
+    base, _, technique = name.partition("-without-")
+    ablations = ablations_of(base)
+    if technique not in ablations:
+        raise SystemExit(f"unknown recipe {name!r}: have {sorted(RECIPES)} and their ablations")
+    return {**RECIPES[base], **ablations[technique]}
+
+
+def ablations_of(recipe: str) -> dict[str, dict[str, Any]]:
+    if recipe == "speedrun":
+        from attnlab.training.recipes.text import SPEEDRUN_ABLATIONS
+
+        return dict(SPEEDRUN_ABLATIONS)
+    return ABLATIONS.get(recipe, {})
+
+
+def timed_overrides(
+    overrides: dict[str, Any], minutes: float, seed: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The run's overrides: the budget, the evaluation cadence, the seed, and a schedule that
+    ends decayed at the budget."""
+    from attnlab.training.recipes import get_recipe
+    from attnlab.training.recipes.text import SPEEDRUN_TRAIN
+
+    preset = SPEEDRUN_TRAIN if overrides.get("preset") == "speedrun" else {}
+    default = get_recipe("shakespeare-char").train.schedule
+    schedule = overrides.get("schedule", preset.get("schedule", default))
+    out: dict[str, Any] = {
+        **overrides,
+        "data": str(data_file()),
+        "max_minutes": minutes,
+        "seed": seed,
+        "eval_every": args.eval_every,
+        "eval_batches": args.eval_batches,
+        "checkpoint_every": 0,
+        "progress": False,
+        "log_every": 50,
+    }
+    if schedule == "cosine":
+        out.update(steps=10**7, schedule_clock="time")
+    else:  # wsd and constant schedules count steps: set them from the step rate
+        rate = args.steps_per_s or probe_steps_per_s(overrides)
+        out["steps"] = max(10, int(rate * 60 * minutes))
+    return out
+
+
+_PROBED: dict[str, float] = {}
+
+
+def probe_steps_per_s(overrides: dict[str, Any]) -> float:
+    """Steps per second of a recipe, measured over a 20-second run (the first 10 steps apart)."""
+    from attnlab.training.recipes import train_recipe
+
+    key = json.dumps(overrides, sort_keys=True)
+    if key not in _PROBED:
+        with tempfile.TemporaryDirectory() as tmp:
+            probe = {**overrides, "data": str(data_file()), "steps": 10**7, "max_minutes": 1 / 3,
+                     "schedule": "constant", "warmup": 0, "progress": False, "log_every": 10,
+                     "eval_every": 0, "checkpoint_every": 0}  # fmt: skip
+            train_recipe("shakespeare-char", Path(tmp) / "probe", probe)
+            rows = [r for r in read_metrics(Path(tmp) / "probe") if r["split"] == "train"]
+            first, last = rows[0], rows[-1]
+            _PROBED[key] = (last["step"] - first["step"]) / (last["elapsed_s"] - first["elapsed_s"])
+    return _PROBED[key]
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    text = (run_dir / "metrics.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def run_attnlab(name: str, minutes: float, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    from attnlab.training.recipes import train_recipe
+
+    overrides = timed_overrides(recipe_overrides(name), minutes, seed, args)
+    run_dir = RUNS / f"{name}-{minutes:g}min-seed{seed}"
+    start = time.perf_counter()
+    prepared, result = train_recipe("shakespeare-char", run_dir, overrides, overwrite=True)
+    wall = time.perf_counter() - start
+    curve = [(r["elapsed_s"], r["loss"]) for r in read_metrics(run_dir) if r["split"] == "val"]
+    curve.append((result.elapsed_s, result.evals[-1]["val_loss"]))  # the final evaluation
+    return {
+        "recipe": name,
+        "minutes": minutes,
+        "seed": seed,
+        "overrides": {k: v for k, v in overrides.items() if k != "data"},
+        "parameters": sum(p.numel() for p in prepared.model.parameters()),
+        "steps": result.step,
+        "train_s": round(result.elapsed_s, 1),
+        "wall_s": round(wall, 1),
+        "final_val_loss": round(result.evals[-1]["val_loss"], 4),
+        "curve": sorted({(round(t, 2), round(v, 4)) for t, v in curve}),
+    }
+
+
+NANOGPT_ARGS = [
+    "--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1", "--block_size=64",
+    "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128", "--dropout=0.0",
+    "--always_save_checkpoint=False", "--eval_interval=250",
+]  # fmt: skip
+_ITER = re.compile(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms")
+_EVAL = re.compile(r"^step (\d+): train loss [\d.]+, val loss ([\d.]+)")
+
+
+def run_nanogpt(source: Path, minutes: float, seed: int) -> dict[str, Any]:
+    """nanoGPT's own train.py, baby CPU config, ``max_iters`` scaled to ``minutes``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp) / "nanoGPT"
+        shutil.copytree(source, work, ignore=shutil.ignore_patterns(".git", "out*"))
+        data = work / "data" / "shakespeare_char"
+        shutil.copyfile(data_file(), data / "input.txt")  # prepare.py downloads only without it
+        subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True, capture_output=True)
+        config = ["config/train_shakespeare_char.py", *NANOGPT_ARGS, f"--seed={seed}"]
+        probe = _nanogpt(work, [*config, "--max_iters=30", "--lr_decay_iters=30"])
+        ms = statistics.median(t for i, t, _ in probe["iters"] if i > 0)
+        iters = max(100, int(60_000 * minutes / ms))
+        out = _nanogpt(work, [*config, f"--max_iters={iters}", f"--lr_decay_iters={iters}"])
+    times = {i: t for i, t, _ in out["iters"]}
+    median = statistics.median(times.values())
+    evals = out["evals"]
+    train_ms, curve = 0.0, []
+    for i in sorted(times):  # iteration i's time; eval iterations (i % 250 == 0) -> the median
+        train_ms += median if i in evals else times[i]
+        if i in evals:
+            curve.append((round(train_ms / 1000, 2), evals[i]))
+    return {
+        "recipe": "nanogpt",
+        "minutes": minutes,
+        "seed": seed,
+        "overrides": {"command": "python train.py " + " ".join([*config, f"--max_iters={iters}"])},
+        "parameters": None,
+        "steps": iters,
+        "train_s": round(train_ms / 1000, 1),
+        "wall_s": round(out["wall_s"], 1),
+        "final_val_loss": curve[-1][1],
+        "curve": curve,
+    }
+
+
+def _nanogpt(work: Path, argv: list[str]) -> dict[str, Any]:
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "train.py", *argv], cwd=work, capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"nanoGPT failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    iters, evals = [], {}
+    for line in done.stdout.splitlines():
+        if m := _ITER.match(line):
+            iters.append((int(m[1]), float(m[2]), line))
+        elif m := _EVAL.match(line):
+            evals[int(m[1])] = float(m[2])
+    return {"iters": iters, "evals": evals, "wall_s": time.perf_counter() - start}
+
+
+def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
+    """Seconds at which the validation loss first reaches ``target`` (linear between evals)."""
+    previous: tuple[float, float] | None = None
+    for t, loss in curve:
+        if loss <= target:
+            if previous is None or previous[1] == loss:
+                return t
+            (t0, l0) = previous
+            return t0 + (t - t0) * (l0 - target) / (l0 - loss)
+        previous = (t, loss)
+    return None
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+def save(records: list[dict[str, Any]], path: Path) -> None:
+    path.write_text(json.dumps(records, indent=1) + "\n")
+
+
+def merge(records: list[dict[str, Any]], new: dict[str, Any]) -> list[dict[str, Any]]:
+    key = (new["recipe"], new["minutes"], new["seed"])
+    kept = [r for r in records if (r["recipe"], r["minutes"], r["seed"]) != key]
+    return [*kept, new]
+
+
+def report(records: list[dict[str, Any]], args: argparse.Namespace, out: Path) -> str:
+    from attnlab.analysis.stats import summarize, welch_t_test
+
+    targets = [float(t) for t in args.targets.split(",")]
+    lines = [
+        "# Time to loss: char-level Tiny Shakespeare (issue 51)",
+        "",
+        "Written by `benchmarks/time_to_loss.py` (its docstring says how each figure is made). "
+        "Validation loss on the last 10% of the text; the budget is the trainer's clock "
+        "(training and the periodic evaluations). Mean ± sample std over seeds; p: Welch's "
+        f"one-sided t-test that the recipe's final loss is lower than `{args.baseline}`'s at the "
+        "same budget.",
+        "",
+    ]
+    machines = sorted({r.get("machine", "?") for r in records})
+    lines += [f"Host: {m}." for m in machines] + [""]
+    header = "| recipe | budget min | seeds | steps | val loss at budget | min / max |"
+    header += "".join(f" s to {t:g} |" for t in targets) + " p vs baseline |"
+    lines += [header, "|" + "---|" * (header.count("|") - 1)]
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["recipe"], r["minutes"]), []).append(r)
+    for (recipe, minutes), runs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        finals = [r["final_val_loss"] for r in runs]
+        s = summarize(finals)
+        cells = []
+        for target in targets:
+            reached = [time_to([tuple(p) for p in r["curve"]], target) for r in runs]
+            got = [x for x in reached if x is not None]
+            cells.append(f"{statistics.mean(got):.0f} ({len(got)}/{len(runs)})" if got else "-")
+        base = groups.get((args.baseline, minutes))
+        p = "-"
+        if base and recipe != args.baseline and len(base) >= 2 and len(runs) >= 2:
+            p = f"{welch_t_test(finals, [b['final_val_loss'] for b in base]).p_less:.3g}"
+        steps = statistics.mean(r["steps"] for r in runs)
+        lines.append(
+            f"| {recipe} | {minutes:g} | {len(runs)} | {steps:.0f} | {s.mean:.4f} ± {s.std:.4f} | "
+            f"{s.low:.4f} / {s.high:.4f} |" + "".join(f" {c} |" for c in cells) + f" {p} |"
+        )
+    lines += ["", "Commands: " + ", ".join(sorted({f"`{r['command']}`" for r in records}))]
+    text = "\n".join(lines) + "\n"
+    (out.with_suffix(".md")).write_text(text)
+    plot(groups, out.with_suffix(".png"))
+    return text
+
+
+def plot(groups: dict[tuple[str, float], list[dict[str, Any]]], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (recipe, minutes), runs in sorted(groups.items()):
+        for i, r in enumerate(runs):
+            xs, ys = zip(*r["curve"], strict=True)
+            ax.plot([x / 60 for x in xs], ys, color=f"C{sorted(groups).index((recipe, minutes))}",
+                    alpha=0.7, label=f"{recipe} ({minutes:g} min)" if i == 0 else None)  # fmt: skip
+    ax.set(xlabel="training minutes", ylabel="validation loss", ylim=(1.4, 2.6),
+           title="Tiny Shakespeare (char): validation loss against time")  # fmt: skip
+    ax.axhline(1.4697, color="gray", ls=":", lw=1, label="nanoGPT 10.7M on a GPU (1.4697)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipes", default="", help="comma-separated: " + ", ".join(RECIPES))
+    parser.add_argument("--ablate", default=None, help="a recipe: run it without each technique")
+    parser.add_argument("--nanogpt", type=Path, default=None, help="a nanoGPT checkout")
+    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--baseline", default="modern")
+    parser.add_argument("--targets", default="1.70,1.60,1.50")
+    parser.add_argument("--eval-every", type=int, default=250)
+    parser.add_argument("--eval-batches", type=int, default=20)
+    parser.add_argument("--steps-per-s", type=float, default=None)
+    parser.add_argument("--out", type=Path, default=RESULTS / "time_to_loss.json")
+    parser.add_argument("--report", action="store_true", help="only rewrite the tables")
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)))
+    records = load(args.out)
+    names = [n for n in args.recipes.split(",") if n]
+    if args.ablate:
+        names += [args.ablate] + [f"{args.ablate}-without-{t}" for t in ablations_of(args.ablate)]
+    jobs: list[tuple[str, int]] = [(n, int(s)) for s in args.seeds.split(",") for n in names]
+    if args.nanogpt:
+        jobs += [("nanogpt", int(s)) for s in args.seeds.split(",")]
+    command = " ".join(["python", "benchmarks/time_to_loss.py", *sys.argv[1:]])
+    for name, seed in [] if args.report else jobs:  # seeds outermost: drift hits all alike
+        if name == "nanogpt":
+            record = run_nanogpt(args.nanogpt, args.minutes, seed)
+        else:
+            record = run_attnlab(name, args.minutes, seed, args)
+        record.update(
+            command=command,
+            machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus",
+            threads=torch.get_num_threads(),
+            torch=torch.__version__,
+            date=time.strftime("%Y-%m-%d %H:%M:%S"),
+        )
+        print(f"{name} seed {seed}: val loss {record['final_val_loss']:.4f} after "
+              f"{record['train_s']:.0f} s, {record['steps']} steps", flush=True)  # fmt: skip
+        records = merge(records, record)
+        save(records, args.out)
+    if records:
+        print(report(records, args, args.out.with_suffix("")))
+
+
+if __name__ == "__main__":
+    main()
