@@ -11,9 +11,9 @@ Every run is ``attnlab train shakespeare-char`` (through :func:`train_recipe`) w
 ``max_minutes`` as its budget: the trainer's clock, which counts training and the periodic
 evaluations (the same cadence for every recipe: ``--eval-every`` steps, ``--eval-batches``
 batches of the validation split, the last 10% of the text; nothing is tuned on a test split).
-Cosine schedules run on the time clock (``schedule_clock="time"``) so that each run ends
-decayed whatever its step rate; WSD recipes set their step count from a measured step rate
-(``--steps-per-s``, or a 20-second probe) so that the decay lands at the end of the budget.
+Cosine and WSD schedules run on the time clock (``schedule_clock="time"``) so that each run
+ends decayed whatever its step rate (other schedules take their step count from a measured step
+rate: ``--steps-per-s``, or a 20-second probe).
 
 For each recipe: the validation loss at the end of the budget (mean, sample standard deviation,
 min/max over seeds), the seconds to reach each ``--targets`` loss (linearly interpolated between
@@ -22,7 +22,8 @@ evaluations; "-" when a seed never got there), and Welch's t-test of the final l
 turn (:data:`ABLATIONS`). ``--nanogpt DIR`` runs nanoGPT's own ``train.py`` (Karpathy's
 README's CPU "baby GPT" command) from a copy of DIR, its ``max_iters`` scaled to the budget by a
 30-iteration probe; its training seconds are the sum of its per-iteration times with the
-evaluation iterations' times replaced by the median (its log gives no eval time).
+evaluation iterations' times replaced by the median (its log gives no eval time). nanoGPT has
+no seed option (it seeds with 1337): seed s runs a copy whose seed is 1337 + s.
 
 Run it alone on the machine: two processes on 2 cores make every number noise. Results append
 to ``benchmarks/results/time_to_loss.json`` (one record per run, replaced when the same recipe,
@@ -111,9 +112,9 @@ def timed_overrides(
         "progress": False,
         "log_every": 50,
     }
-    if schedule == "cosine":
+    if schedule in ("cosine", "wsd"):
         out.update(steps=10**7, schedule_clock="time")
-    else:  # wsd and constant schedules count steps: set them from the step rate
+    else:  # other schedules count steps: set them from the step rate
         rate = args.steps_per_s or probe_steps_per_s(overrides)
         out["steps"] = max(10, int(rate * 60 * minutes))
     return out
@@ -182,14 +183,23 @@ def run_nanogpt(source: Path, minutes: float, seed: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp) / "nanoGPT"
         shutil.copytree(source, work, ignore=shutil.ignore_patterns(".git", "out*"))
-        data = work / "data" / "shakespeare_char"
-        shutil.copyfile(data_file(), data / "input.txt")  # prepare.py downloads only without it
-        subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True, capture_output=True)
-        config = ["config/train_shakespeare_char.py", *NANOGPT_ARGS, f"--seed={seed}"]
-        probe = _nanogpt(work, [*config, "--max_iters=30", "--lr_decay_iters=30"])
+        write_nanogpt_data(work / "data" / "shakespeare_char")
+        # nanoGPT seeds torch with 1337 + rank and has no seed option: the copy's seed moves
+        script = (work / "train.py").read_text()
+        if "torch.manual_seed(1337 + seed_offset)" not in script:
+            raise SystemExit("nanoGPT's train.py changed: no torch.manual_seed(1337 + seed_offset)")
+        script = script.replace("1337 + seed_offset", f"{1337 + seed} + seed_offset")
+        (work / "train.py").write_text(script)
+        config = ["config/train_shakespeare_char.py", *NANOGPT_ARGS]
+        probe = _nanogpt(
+            work, [*config, "--max_iters=30", "--lr_decay_iters=30", "--warmup_iters=3"]
+        )
         ms = statistics.median(t for i, t, _ in probe["iters"] if i > 0)
-        iters = max(100, int(60_000 * minutes / ms))
-        out = _nanogpt(work, [*config, f"--max_iters={iters}", f"--lr_decay_iters={iters}"])
+        # a multiple of the eval interval: nanoGPT evaluates only at iter % 250 == 0 (the end too)
+        iters = max(250, round(60_000 * minutes / ms / 250) * 250)
+        config += [f"--max_iters={iters}", f"--lr_decay_iters={iters}",
+                   f"--warmup_iters={min(100, iters // 10)}"]  # fmt: skip
+        out = _nanogpt(work, config)
     times = {i: t for i, t, _ in out["iters"]}
     median = statistics.median(times.values())
     evals = out["evals"]
@@ -202,7 +212,10 @@ def run_nanogpt(source: Path, minutes: float, seed: int) -> dict[str, Any]:
         "recipe": "nanogpt",
         "minutes": minutes,
         "seed": seed,
-        "overrides": {"command": "python train.py " + " ".join([*config, f"--max_iters={iters}"])},
+        "overrides": {
+            "seed": f"torch.manual_seed({1337 + seed})",
+            "command": "python train.py " + " ".join(config),
+        },
         "parameters": None,
         "steps": iters,
         "train_s": round(train_ms / 1000, 1),
@@ -210,6 +223,26 @@ def run_nanogpt(source: Path, minutes: float, seed: int) -> dict[str, Any]:
         "final_val_loss": curve[-1][1],
         "curve": curve,
     }
+
+
+def write_nanogpt_data(folder: Path) -> None:
+    """nanoGPT's shakespeare_char files (train.bin, val.bin: uint16 character ids of the first
+    90% and the last 10%; meta.pkl: the vocabulary), made here from the local text, in the
+    format its train.py reads (its prepare.py would download the text and needs requests)."""
+    import pickle
+
+    import numpy as np
+
+    text = data_file().read_text()
+    chars = sorted(set(text))
+    stoi = {ch: i for i, ch in enumerate(chars)}
+    ids = np.array([stoi[ch] for ch in text], dtype=np.uint16)
+    n = int(len(ids) * 0.9)
+    ids[:n].tofile(folder / "train.bin")
+    ids[n:].tofile(folder / "val.bin")
+    meta = {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}
+    with open(folder / "meta.pkl", "wb") as f:
+        pickle.dump(meta, f)
 
 
 def _nanogpt(work: Path, argv: list[str]) -> dict[str, Any]:

@@ -101,7 +101,7 @@ def test_8_header_summary_json_and_only_the_recipes_options(
     assert summary["step"] == 4 and "val_loss" in json.dumps(summary)
     run = json.loads((out / "run.json").read_text())
     assert set(run["options"]) == {"data", "tokenizer", "bpe_vocab_size", "val_fraction", "arch",
-                                   "block_size"}  # fmt: skip
+                                   "block_size", "preset"}  # fmt: skip
     assert (out / "metrics.jsonl").is_file()
 
 

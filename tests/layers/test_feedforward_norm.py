@@ -58,8 +58,9 @@ def test_activation_registry() -> None:
     )
     torch.testing.assert_close(ACTIVATIONS.get("gelu_tanh")(x), tanh)
     torch.testing.assert_close(ACTIVATIONS.get("silu")(x), x * torch.sigmoid(x))
+    torch.testing.assert_close(ACTIVATIONS.get("relu2")(x), torch.clamp(x, min=0) ** 2)  # Primer
     assert activation_names() == sorted(
-        ["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "reglu"]
+        ["relu", "gelu", "gelu_tanh", "silu", "relu2", "swiglu", "geglu", "reglu"]
     )
 
 

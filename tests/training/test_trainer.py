@@ -206,8 +206,25 @@ def test_schedule_clock_time_follows_the_further_along_clock() -> None:
     assert plain.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(2))
 
 
+def test_wsd_on_the_time_clock_decays_over_the_last_fraction_of_the_time() -> None:
+    from attnlab.training.schedules import warmup_stable_decay
+
+    def lr_at(step: int) -> float:
+        return 1e-2 * warmup_stable_decay(step, warmup=2, total_steps=100, decay_fraction=0.2)
+
+    model, objective, config = _setup(steps=100, max_minutes=1.0, schedule_clock="time",
+                                      schedule="wsd", decay_fraction=0.2)  # fmt: skip
+    trainer = Trainer(model, objective, config)
+    trainer.train_step()
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-2)  # the plateau
+    trainer.elapsed = 54.0  # 90% of the time: halfway down the decay
+    trainer.train_step()
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(90))
+    assert lr_at(90) == pytest.approx(0.5e-2)
+
+
 def test_schedule_clock_time_needs_a_cosine_and_a_time_budget() -> None:
-    with pytest.raises(ValueError, match="schedule_clock='time' needs schedule='cosine' and"):
+    with pytest.raises(ValueError, match="schedule_clock='time' needs schedule='cosine' or"):
         _setup(schedule_clock="time")  # no max_minutes
     with pytest.raises(ValueError, match="got schedule='constant'"):
         _setup(schedule_clock="time", schedule="constant", max_minutes=1.0)

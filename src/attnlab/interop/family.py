@@ -23,8 +23,19 @@ HF_ACTIVATIONS = {
     "relu": "relu",
     "silu": "silu",
     "swish": "silu",
+    "relu2": "relu2",  # transformers' ReLUSquaredActivation (Primer)
 }
-TO_HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
+TO_HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu",
+                     "relu2": "relu2"}  # fmt: skip
+# Options no exporter here carries (their Hugging Face families, Qwen3's QK-norm or Gemma 2's
+# soft-capping, have no key map in attnlab), with the value that means "off": a model with one
+# on is refused by name rather than written without it.
+NO_HF_EQUIVALENT: dict[str, Any] = {
+    "qk_norm": False,
+    "logit_softcap": None,
+    "value_embeddings": 0,
+    "x0_skip": False,
+}
 
 
 class UnsupportedCheckpointError(ValueError):
@@ -101,6 +112,24 @@ def require(condition: bool, family: str, what: str) -> None:
         raise UnsupportedCheckpointError(f"cannot express this model as {family}: {what}")
 
 
+def refuse_unexported_options(config: Any) -> None:
+    """Raise when ``config`` turns on an option of :data:`NO_HF_EQUIVALENT`.
+
+    Raises:
+        UnsupportedCheckpointError: naming the options and their values.
+    """
+    on = [
+        f"{name}={getattr(config, name)!r}"
+        for name, off in NO_HF_EQUIVALENT.items()
+        if getattr(config, name, off) != off
+    ]
+    if on:
+        raise UnsupportedCheckpointError(
+            f"this model has no Hugging Face equivalent in attnlab's exporters: {', '.join(on)} "
+            "(no exported family has the option; the checkpoint would silently lose it)"
+        )
+
+
 def hf_activation(activation: str, family: str) -> str:
     """The Hugging Face name of an attnlab (non-gated) activation.
 
@@ -145,9 +174,11 @@ class HFFamily:
 
 __all__ = [
     "HF_ACTIVATIONS",
+    "NO_HF_EQUIVALENT",
     "HFConfig",
     "HFFamily",
     "UnsupportedCheckpointError",
     "hf_activation",
+    "refuse_unexported_options",
     "require",
 ]

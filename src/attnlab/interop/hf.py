@@ -26,7 +26,12 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from attnlab.interop.family import HFConfig, HFFamily, UnsupportedCheckpointError
+from attnlab.interop.family import (
+    HFConfig,
+    HFFamily,
+    UnsupportedCheckpointError,
+    refuse_unexported_options,
+)
 from attnlab.interop.hf_bert import FAMILY as BERT
 from attnlab.interop.hf_bloom import FAMILY as BLOOM
 from attnlab.interop.hf_gpt2 import FAMILY as GPT2
@@ -285,6 +290,7 @@ def hf_family_of(model: nn.Module) -> tuple[HFFamily, dict[str, Any]]:
     config = getattr(model, "config", None)
     if config is None:
         raise ValueError(f"{type(model).__name__} has no .config; cannot write config.json")
+    refuse_unexported_options(config)
     reasons = []
     seen: set[str] = set()
     for key in HF_FAMILIES:

@@ -180,6 +180,7 @@ class DecoderLayer(_ResidualBlock):
         positions: Tensor | None = None,
         cache: LayerKVCache | None = None,
         cross_cache: CrossKVCache | None = None,
+        value_embed: Tensor | None = None,
     ) -> Tensor:
         """Decode.
 
@@ -190,6 +191,8 @@ class DecoderLayer(_ResidualBlock):
             memory_mask: cross-attention mask, e.g. source key padding ``(B, 1, 1, S)``.
             cache: the self-attention's :class:`LayerKVCache`. cross_cache: the
                 cross-attention's :class:`CrossKVCache`.
+            value_embed: ``(B, T, H_kv·D)`` the value embedding of x's tokens, for a
+                self-attention with value embeddings (:class:`MultiHeadAttention`).
 
         Shapes:
             x ``(B, T, E)``, memory ``(B, S, E)`` -> ``(B, T, E)``.
@@ -207,6 +210,7 @@ class DecoderLayer(_ResidualBlock):
             is_causal=is_causal,
             positions=positions,
             cache=cache,
+            value_embed=value_embed,
         )
         x = self.leave(x, a, self.self_attn_norm)
         if hooked:

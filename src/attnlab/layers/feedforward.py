@@ -3,8 +3,9 @@
     FFN(x) = max(0, x W1 + b1) W2 + b2                 (the paper, activation "relu")
     FFN(x) = (act(x W_gate) ⊙ x W_up) W_down           (GLU variants, Shazeer 2020)
 
-"swiglu" uses SiLU as the gate activation, "geglu" GELU. Module names: ``up_proj`` (W1),
-``down_proj`` (W2) and, for gated variants, ``gate_proj``.
+"swiglu" uses SiLU as the gate activation, "geglu" GELU. "relu2" is the squared ReLU,
+``relu(x)²`` (So et al. 2021, "Primer", §3; the modded-nanogpt speedrun's FFN). Module names:
+``up_proj`` (W1), ``down_proj`` (W2) and, for gated variants, ``gate_proj``.
 
 Shapes: (B, T, E) -> (B, T, E); hidden (B, T, F) with F = d_ff.
 
@@ -31,6 +32,14 @@ ACTIVATIONS.add("relu", F.relu)
 ACTIVATIONS.add("gelu", F.gelu)  # exact (erf) GELU, as BERT and ViT
 ACTIVATIONS.add("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"))  # GPT-2's "gelu_new"
 ACTIVATIONS.add("silu", F.silu)
+
+
+def relu_squared(x: Tensor) -> Tensor:
+    """Primer's squared ReLU, ``relu(x)²`` (elementwise; any shape)."""
+    return F.relu(x).square()
+
+
+ACTIVATIONS.add("relu2", relu_squared)
 # Gated variants: name -> activation applied to the gate branch.
 GATED: dict[str, str] = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu"}
 

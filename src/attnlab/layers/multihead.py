@@ -7,14 +7,28 @@ The h per-head projections are one ``(E, H·D)`` linear each (``q_proj``, ``k_pr
 reshaped into heads; ``out_proj`` is W^O. With ``n_kv_heads < n_heads`` several query heads share
 one key/value head (GQA; ``n_kv_heads=1`` is multi-query attention).
 
+Two later additions, both off unless their modules are passed:
+
+- QK-norm (Dehghani et al. 2023, "Scaling Vision Transformers to 22 Billion Parameters", §2.1;
+  Wortsman et al. 2023; OLMo 2, Qwen3, the modded-nanogpt speedrun): ``q_norm`` and ``k_norm``
+  normalise each head's query and key over the head dimension D, after the projection and before
+  RoPE, so the attention logits no longer grow with the scale of the projected q and k (the
+  instability Dehghani et al. met at scale); in self- and cross-attention.
+- Value embeddings (the modded-nanogpt speedrun, Keller Jordan et al. 2024): with
+  ``value_embed=True`` the layer owns two learned scalars ``value_lambdas = (a, b)``, initially
+  ``(0.5, 0.5)``, and its forward takes ``value_embed``, a per-token vector of the values' width
+  (a row of a token-embedding table the model looks up), mixed into the values of the tokens it
+  projects: ``v = a·v + b·ve`` (before the KV cache, so cached values are the mixed ones).
+
 Shapes: B batch, T queries, S keys, E d_model, H heads, H_kv kv heads, D = E / H head dim.
 Masks: bool True = may attend, float additive, broadcastable to (B, H, T, S); a 2-D mask is
 ``(T, S)`` (shared by the batch), so per-sequence key padding must be passed as ``(B, 1, 1, S)``
 (see :func:`attnlab.layers.masks.as_attention_mask`).
 
 Hook sites (:mod:`attnlab.layers.hooks`): ``q`` ``(B, H, T, D)``, ``k``/``v`` ``(B, H_kv, ·, D)``
-of the tokens this call projects (after RoPE, before the cache), ``scores``/``weights``
-``(B, H, T, S)`` (the math path, see :meth:`MultiHeadAttention._attention_with_weights`), ``z``
+of the tokens this call projects (after QK-norm and RoPE, v with its value embedding mixed in;
+before the cache), ``scores``/``weights`` ``(B, H, T, S)`` (the math path, see
+:meth:`MultiHeadAttention._attention_with_weights`), ``z``
 the per-head outputs ``(B, T, H, D)`` before W^O, ``out`` ``(B, T, E)``.
 """
 
@@ -46,6 +60,9 @@ class MultiHeadAttention(nn.Module):
         backend: attention backend name (``ATTENTION_BACKENDS``) or a callable of that signature.
         rotary: a positional encoding whose ``rotate`` is applied to q and k in self-attention
             (RoPE); ``None`` for none.
+        q_norm, k_norm: QK-norm: modules applied to q ``(B, H, T, D)`` and k ``(B, H_kv, S, D)``
+            over D after the projections, before RoPE (both or neither); ``None``: none.
+        value_embed: the layer mixes a value embedding into its values (see the module doc).
 
     Raises:
         ValueError: for sizes that are not positive integers, if ``n_heads`` does not divide
@@ -67,8 +84,13 @@ class MultiHeadAttention(nn.Module):
         backend: str | AttentionBackend = "sdpa",
         rotary: PositionalEncoding | None = None,
         qkv_bias: bool | None = None,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
+        value_embed: bool = False,
     ) -> None:
         super().__init__()
+        if (q_norm is None) != (k_norm is None):
+            raise ValueError("pass both q_norm and k_norm (QK-norm), or neither")
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         for name, value in (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -93,6 +115,8 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, n_kv_heads * self.d_head, bias=in_bias)
         self.out_proj = nn.Linear(n_heads * self.d_head, d_model, bias=bias)
         self.rotary = rotary
+        self.q_norm, self.k_norm = q_norm, k_norm
+        self.value_lambdas = nn.Parameter(torch.tensor([0.5, 0.5])) if value_embed else None
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         B, L, _ = x.shape
@@ -112,14 +136,49 @@ class MultiHeadAttention(nn.Module):
         )
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
-    def _self_projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q ``(B, H, T, D)``, k and v ``(B, H_kv, T, D)`` of self-attention."""
+    def _self_projections(
+        self, x: Tensor, value_embed: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """q ``(B, H, T, D)``, k and v ``(B, H_kv, T, D)`` of self-attention (q and k
+        normalised with QK-norm, the value embedding ``(B, T, H_kv·D)`` mixed into v)."""
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, T, H·D | H_kv·D)
+        v = self.mix_values(v, value_embed)
         return (
-            self._heads(q, self.n_heads),
-            self._heads(k, self.n_kv_heads),
+            self.norm_q(self._heads(q, self.n_heads)),
+            self.norm_k(self._heads(k, self.n_kv_heads)),
             self._heads(v, self.n_kv_heads),
         )
+
+    def norm_q(self, q: Tensor) -> Tensor:
+        """QK-norm of the queries ``(B, H, T, D)`` over D (the identity without it)."""
+        return q if self.q_norm is None else self.q_norm(q)
+
+    def norm_k(self, k: Tensor) -> Tensor:
+        """QK-norm of the keys ``(B, H_kv, S, D)`` over D (the identity without it)."""
+        return k if self.k_norm is None else self.k_norm(k)
+
+    def mix_values(self, v: Tensor, value_embed: Tensor | None) -> Tensor:
+        """``a·v + b·value_embed`` for a layer with value embeddings, else ``v``.
+
+        Shapes:
+            v and value_embed ``(B, T, H_kv·D)`` -> ``(B, T, H_kv·D)``.
+
+        Raises:
+            ValueError: for a value embedding given to a layer without them, or missing (or of
+                another shape) for a layer with them.
+        """
+        lambdas = self.value_lambdas
+        if lambdas is None:
+            if value_embed is not None:
+                raise ValueError("this attention has no value embeddings (value_embed=False)")
+            return v
+        if value_embed is None or value_embed.shape != v.shape:
+            got = None if value_embed is None else tuple(value_embed.shape)
+            raise ValueError(
+                f"this attention mixes a value embedding into its values: pass value_embed of "
+                f"shape {tuple(v.shape)}, got {got}"
+            )
+        return lambdas[0] * v + lambdas[1] * value_embed
 
     def _cross_keys_values(
         self, memory: Tensor | None, cache: CrossKVCache | None, B: int
@@ -133,7 +192,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(
                 f"memory must be ({B}, S, {self.d_model}), got shape {tuple(memory.shape)}"
             )
-        k = self._heads(self.k_proj(memory), self.n_kv_heads)  # (B, H_kv, S, D)
+        k = self.norm_k(self._heads(self.k_proj(memory), self.n_kv_heads))  # (B, H_kv, S, D)
         v = self._heads(self.v_proj(memory), self.n_kv_heads)  # (B, H_kv, S, D)
         hook = self.activation_hook
         if hook is not None:
@@ -153,6 +212,7 @@ class MultiHeadAttention(nn.Module):
         positions: Tensor | None = None,
         cache: LayerKVCache | None = None,
         cross_cache: CrossKVCache | None = None,
+        value_embed: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Self-attention (``memory=None``) or cross-attention to ``memory``.
 
@@ -167,6 +227,8 @@ class MultiHeadAttention(nn.Module):
             cache: self-attention's :class:`LayerKVCache`, extended in place.
             cross_cache: cross-attention's :class:`CrossKVCache` (filled by the first call,
                 then used instead of ``memory``).
+            value_embed: ``(B, T, H_kv·D)`` the value embedding of x's tokens (self-attention
+                of a layer built with ``value_embed=True``; required there).
 
         Shapes:
             x ``(B, T, E)``, memory ``(B, S, E)`` -> out ``(B, T, E)``, weights ``(B, H, T, S)``.
@@ -180,10 +242,12 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         hook = self.activation_hook
         cross = memory is not None or cross_cache is not None
-        if cross and cache is not None:
-            raise ValueError("cross-attention takes cross_cache, not a self-attention cache")
+        if cross and (cache is not None or value_embed is not None):
+            raise ValueError(
+                "cross-attention takes cross_cache (not a self-attention cache) and no value_embed"
+            )
         if not cross:
-            q, k, v = self._self_projections(x)  # (B, H, T, D), (B, H_kv, T, D) twice
+            q, k, v = self._self_projections(x, value_embed)  # (B, H, T, D), (B, H_kv, T, D) twice
             if self.rotary is not None:
                 if positions is None:
                     positions = positions_for(T, cache, x.device)
@@ -194,7 +258,7 @@ class MultiHeadAttention(nn.Module):
             if cache is not None:
                 k, v = cache.update(k, v)  # (B, H_kv, S, D)
         else:
-            q = self._heads(self.q_proj(x), self.n_heads)  # (B, H, T, D)
+            q = self.norm_q(self._heads(self.q_proj(x), self.n_heads))  # (B, H, T, D)
             if hook is not None:
                 q = hook("q", q)
             k, v = self._cross_keys_values(memory, cross_cache, B)  # (B, H_kv, S, D) each
@@ -266,9 +330,10 @@ class MultiHeadAttention(nn.Module):
         return out, weights
 
     def extra_repr(self) -> str:
+        extra = ", value_embed=True" if self.value_lambdas is not None else ""
         return (
             f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
-            f"backend={self.backend_name!r}"
+            f"backend={self.backend_name!r}{extra}"
         )
 
 

@@ -2,10 +2,10 @@
 
 :class:`StackConfig` holds the fields every family has (``d_model, n_heads, n_kv_heads, n_layers,
 d_ff, dropout, attn_dropout, norm, norm_eps, norm_position, final_norm, activation, attn_backend,
-attn_window, attn_layer_backends, bias``), validates them once (types from the annotations, see
-:mod:`attnlab.config`; then ranges and the registries' choices) and derives ``d_head`` and the
-final-norm rule. Each model file's config derives from it, changes defaults and adds its own
-fields; it is the only place a model reads its config.
+attn_window, attn_layer_backends, bias, qk_norm``), validates them once (types from the
+annotations, see :mod:`attnlab.config`; then ranges and the registries' choices) and derives
+``d_head`` and the final-norm rule. Each model file's config derives from it, changes defaults
+and adds its own fields; it is the only place a model reads its config.
 
 The builders turn a config into layers: :func:`attention` (the backend of each layer, with its
 window), :func:`feed_forward`, :func:`norm`, and the blocks :func:`encoder_layer` /
@@ -16,6 +16,11 @@ Mixture-of-Experts (issue 23) is a field group of every stack (``n_experts``, ``
 :class:`~attnlab.layers.moe.MoEFeedForward` for the layers :func:`is_moe_layer` names and the
 dense FFN elsewhere. An encoder-decoder applies the same rule to both stacks (layer ``i`` of
 the encoder and layer ``i`` of the decoder).
+
+``qk_norm`` (default off) gives every attention, self and cross, QK-norm: an RMSNorm over the
+head dimension of q and k, after the projections and before RoPE (Dehghani et al. 2023, §2.1;
+Wortsman et al. 2023; OLMo 2, Qwen3 and the modded-nanogpt speedrun), with a learned weight of
+size D per norm (Qwen3's form; the speedrun's norm has no weight, which equals this one at init).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from attnlab.layers.blocks import DecoderLayer, EncoderLayer
 from attnlab.layers.feedforward import FeedForward, activation_names
 from attnlab.layers.moe import MoEFeedForward
 from attnlab.layers.multihead import MultiHeadAttention
-from attnlab.layers.norm import NORMS, build_norm
+from attnlab.layers.norm import NORMS, RMSNorm, build_norm
 from attnlab.layers.positional import POSITIONAL_ENCODINGS, PositionalEncoding
 
 _OPTIONAL_POSITIVE = ("vocab_size", "max_seq_len", "init_std")
@@ -66,6 +71,7 @@ class StackConfig(Config):
     attn_layer_backends: tuple[str, ...] | None = None  # per-layer override of attn_backend
     bias: bool = True  # biases in the linears and LayerNorms
     qkv_bias: bool | None = None  # biases on q/k/v only; None: same as bias (Qwen2: True)
+    qk_norm: bool = False  # RMSNorm over the head dim of q and k, before RoPE (QK-norm)
     # -- Mixture-of-Experts FFNs (layers/moe.py, issue 23; validated in _validate_moe) ---------
     n_experts: int = 0  # routed experts per MoE layer; 0: every FFN is dense
     top_k: int = 2  # experts per token
@@ -253,9 +259,15 @@ def layer_window(c: StackConfig, layer: int) -> int | None:
 
 
 def attention(
-    c: StackConfig, layer: int, rotary: PositionalEncoding | None = None
+    c: StackConfig,
+    layer: int,
+    rotary: PositionalEncoding | None = None,
+    *,
+    value_embed: bool = False,
 ) -> MultiHeadAttention:
-    """The (self- or cross-) attention of layer ``layer``; ``rotary`` for RoPE self-attention."""
+    """The (self- or cross-) attention of layer ``layer``; ``rotary`` for RoPE self-attention,
+    QK-norm with ``c.qk_norm``, ``value_embed`` for a layer that mixes in value embeddings."""
+    qk = (RMSNorm(c.d_head, eps=c.norm_eps), RMSNorm(c.d_head, eps=c.norm_eps)) if c.qk_norm else ()
     return MultiHeadAttention(
         c.d_model,
         c.n_heads,
@@ -265,6 +277,9 @@ def attention(
         backend=layer_backend(c, layer),
         rotary=rotary,
         qkv_bias=c.qkv_bias,
+        q_norm=qk[0] if qk else None,
+        k_norm=qk[1] if qk else None,
+        value_embed=value_embed,
     )
 
 
@@ -326,10 +341,13 @@ def decoder_layer(
     rotary: PositionalEncoding | None = None,
     *,
     cross_attention: bool = True,
+    value_embed: bool = False,
 ) -> DecoderLayer:
     """Masked self-attention (+ cross-attention) + FFN, each with its norm (in that order);
-    ``cross_attention=False`` gives GPT's block."""
-    self_attn, self_attn_norm = attention(c, layer, rotary), norm(c)
+    ``cross_attention=False`` gives GPT's block; ``value_embed``: its self-attention mixes in a
+    value embedding."""
+    self_attn = attention(c, layer, rotary, value_embed=value_embed)
+    self_attn_norm = norm(c)
     cross = (attention(c, layer), norm(c)) if cross_attention else (None, None)
     ffn, ffn_norm = feed_forward(c, layer), norm(c)
     return DecoderLayer(

@@ -82,9 +82,11 @@ def ffn_stack_params(c: Any, n_layers: int) -> int:
 
 
 def stack_attention_params(c: Any) -> int:
-    """One attention block of a stack config (its sizes, GQA and biases)."""
+    """One attention block of a stack config (its sizes, GQA and biases; QK-norm's two
+    RMSNorm weights of the head dim with ``qk_norm``)."""
     qkv_bias = getattr(c, "qkv_bias", None)
-    return attention_params(c.d_model, c.n_heads, c.n_kv_heads, c.bias, qkv_bias)
+    qk_norm = 2 * c.d_head if getattr(c, "qk_norm", False) else 0
+    return attention_params(c.d_model, c.n_heads, c.n_kv_heads, c.bias, qkv_bias) + qk_norm
 
 
 def layer_params(c: Any, *, cross_attention: bool = False) -> int:
@@ -96,7 +98,8 @@ def layer_params(c: Any, *, cross_attention: bool = False) -> int:
     return n_attn * (attn + norm) + ffn_params(c.d_model, c.d_ff, c.activation, c.bias) + norm
 
 
-LOOKUP_TABLES = ("embedding.token", "embedding.target", "embedding.segment", "embedding.position")
+LOOKUP_TABLES = ("embedding.token", "embedding.target", "embedding.segment", "embedding.position",
+                 "embedding.value")  # fmt: skip
 
 
 def total_params(breakdown: ParamBreakdown, exclude_embeddings: bool = False) -> int:

@@ -173,6 +173,9 @@ class DecoderStack:
         final_norm: the norm after the last layer, or ``None``.
         head: the LM head ``(B, T, E) -> (B, T, V)``.
         max_positions: the learned position table's length (steps past it raise), or ``None``.
+        eager_only: why no decode engine may run these parts from outside (the model feeds its
+            layers something they do not describe, e.g. value embeddings or an x0 skip); the
+            engines then refuse it and generation runs the model itself. ``None``: they may.
     """
 
     embed: Callable[[Tensor, Tensor], Tensor]
@@ -183,6 +186,7 @@ class DecoderStack:
     final_norm: nn.Module | None
     head: nn.Module
     max_positions: int | None = None
+    eager_only: str | None = None
 
 
 class PromptBatch(Protocol):

@@ -11,18 +11,44 @@ Masks: ``mask`` is a per-token key mask ``(B, S)``, True/1 = real token (Hugging
 ``attention_mask``); inside, attention masks are bool True = may attend, broadcastable to
 (B, H, T, S), and ALiBi biases are folded in as an additive mask.
 
-Deviations from the references: none in the architecture; see ``reset_parameters`` for init.
+Later techniques (issue 51, from the modded-nanogpt speedrun, Keller Jordan et al. 2024, and the
+papers it drew on), each a field that is off by default (the presets do not change):
+
+- ``qk_norm`` (on every stack, :class:`~attnlab.models.common.StackConfig`): RMSNorm over the
+  head dimension of q and k, before RoPE (Dehghani et al. 2023; Wortsman et al. 2023).
+- ``activation="relu2"``: Primer's squared ReLU (So et al. 2021), an activation like the others.
+- ``logit_softcap``: the head's logits become ``cap·tanh(logits/cap)`` (Gemma 2); the head is a
+  :class:`~attnlab.layers.softcap.SoftCappedLinear`, so ``model.lm_head(h)`` is capped for
+  every caller, and its parameter is still ``lm_head.weight`` (tying, checkpoints).
+- ``zero_init_proj``: every residual-branch output projection (``out_proj``, ``down_proj``)
+  starts at zero, so each layer starts as the identity (as ReZero, Bachlechner et al. 2020, and
+  the speedrun).
+- ``value_embeddings = N``: N extra token-embedding tables of the values' width (H_kv·D). Table
+  ``j`` serves layer ``j`` and layer ``n_layers - N + j`` (the speedrun's layout: the first N
+  and the last N layers share the tables, in order; so ``2·N <= n_layers``). Those layers mix the
+  row of each token into its attention values, ``v = a·v + b·ve(token)``, with two learned
+  scalars per layer (``self_attn.value_lambdas``, initially 0.5 and 0.5), before the KV cache.
+- ``x0_skip``: every layer's input becomes ``a_i·x + b_i·x0``, where ``x`` is the previous
+  layer's output and ``x0`` the first layer's input (the embedding, after ``embed_norm`` when
+  that is on: the speedrun normalises it); ``x0_lambdas`` holds the ``(a_i, b_i)`` of each
+  layer, initially ``(1, 0)``, so the model starts as without the skip.
+
+Deviations from the speedrun: QK-norm's RMSNorm has a learned weight (Qwen3's form; 1 at init),
+and layers without a value embedding keep their values unscaled (the speedrun scales them by
+their ``a``). Deviations from the references otherwise: none in the architecture; see
+``reset_parameters`` for init.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, cast
 
 import torch
 from torch import Tensor, nn
 
+from attnlab.config import check_positive
 from attnlab.layers.embedding import TokenEmbedding, tie_weights
 from attnlab.layers.kv_cache import KVCache
 from attnlab.layers.masks import as_attention_mask, combine_masks
@@ -31,6 +57,7 @@ from attnlab.layers.positional import (
     RotaryEmbedding,
     build_positional_encoding,
 )
+from attnlab.layers.softcap import SoftCappedLinear
 from attnlab.models.base import GenerationMixin, PretrainedModel
 from attnlab.models.common import (
     StackConfig,
@@ -94,10 +121,29 @@ class GPTConfig(StackConfig):
     pad_id: int | None = None
     bos_id: int | None = None
     eos_id: int | None = 50256
+    # -- the speedrun's techniques (module doc); every one off by default ----------------------
+    logit_softcap: float | None = None  # logits = cap·tanh(logits/cap) in the head (Gemma 2)
+    zero_init_proj: bool = False  # out_proj and down_proj weights start at zero
+    value_embeddings: int = 0  # N tables; table j feeds layers j and n_layers - N + j
+    x0_skip: bool = False  # layer i's input is a_i·x + b_i·x0 (x0: the embedding output)
 
     def validate(self) -> None:
         super().validate()
         check_token_ids(self, ("pad_id", "bos_id", "eos_id"), self.vocab_size)
+        check_positive(logit_softcap=self.logit_softcap)
+        if self.logit_softcap is not None and not math.isfinite(self.logit_softcap):
+            raise ValueError(f"logit_softcap must be a finite number, got {self.logit_softcap}")
+        if not 0 <= 2 * self.value_embeddings <= self.n_layers:
+            raise ValueError(
+                f"value_embeddings={self.value_embeddings} must be in [0, n_layers / 2 = "
+                f"{self.n_layers // 2}]: table j serves layers j and n_layers - N + j"
+            )
+
+    @property
+    def value_embedding_layers(self) -> dict[int, int]:
+        """``{layer: table}`` of the layers that mix in a value embedding (module doc)."""
+        n, L = self.value_embeddings, self.n_layers
+        return {**{j: j for j in range(n)}, **{L - n + j: j for j in range(n)}}
 
 
 class GPT(GenerationMixin, PretrainedModel):
@@ -125,27 +171,61 @@ class GPT(GenerationMixin, PretrainedModel):
             build_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias) if c.embed_norm else None
         )
         self.dropout = nn.Dropout(c.dropout)
+        value_layers = c.value_embedding_layers
         self.layers = nn.ModuleList(
-            decoder_layer(c, i, rotary, cross_attention=False) for i in range(c.n_layers)
+            decoder_layer(c, i, rotary, cross_attention=False, value_embed=i in value_layers)
+            for i in range(c.n_layers)
         )
         self.final_norm = final_norm(c)
-        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.lm_head = (
+            nn.Linear(c.d_model, c.vocab_size, bias=False)
+            if c.logit_softcap is None
+            else SoftCappedLinear(c.d_model, c.vocab_size, softcap=c.logit_softcap)
+        )
+        kv_width = (c.n_kv_heads or c.n_heads) * c.d_head
+        self.value_embeds = (
+            nn.ModuleList(
+                TokenEmbedding(c.vocab_size, kv_width, scale=False)
+                for _ in range(c.value_embeddings)
+            )
+            if c.value_embeddings
+            else None
+        )
+        self.x0_lambdas: nn.Parameter | None = None
+        if c.x0_skip:  # (n_layers, 2): (a_i, b_i); scalars, so no weight decay and no Muon
+            self.x0_lambdas = nn.Parameter(torch.empty(c.n_layers, 2))
+            self.x0_lambdas._no_weight_decay = True  # type: ignore[attr-defined]
         self.reset_parameters()
         if c.tie_output:
             tie_weights(self.lm_head, self.tok_embed)
 
     def reset_parameters(self) -> None:
         """GPT-2 init: N(0, init_std) for linears and embeddings, zero biases, and the residual
-        projections (``out_proj``, ``down_proj``) scaled by 1/sqrt(2·n_layers)."""
-        std = self.config.init_std
-        resid_std = std / math.sqrt(2 * self.config.n_layers)
+        projections (``out_proj``, ``down_proj``) scaled by 1/sqrt(2·n_layers), or zero with
+        ``zero_init_proj`` (drawn first, so every other tensor is the same as without it).
+        Value-embedding tables: N(0, init_std); the mixing scalars: value ``(0.5, 0.5)``,
+        x0 skip ``(1, 0)``."""
+        c = self.config
+        std = c.init_std
+        resid_std = std / math.sqrt(2 * c.n_layers)
         for name, m in self.named_modules():
             if isinstance(m, nn.Linear):
                 residual = name.rsplit(".", 1)[-1] in ("out_proj", "down_proj")
                 nn.init.normal_(m.weight, std=resid_std if residual else std)
+                if residual and c.zero_init_proj:
+                    nn.init.zeros_(m.weight)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
+            value_lambdas = getattr(m, "value_lambdas", None)
+            if isinstance(value_lambdas, nn.Parameter):
+                with torch.no_grad():
+                    value_lambdas.fill_(0.5)
         nn.init.normal_(self.tok_embed.weight, std=std)
+        for table in self.value_embeds or ():
+            nn.init.normal_(cast(TokenEmbedding, table).weight, std=std)
+        if self.x0_lambdas is not None:
+            with torch.no_grad():
+                self.x0_lambdas.copy_(torch.tensor([1.0, 0.0]).expand(c.n_layers, 2))
 
     def _positions(self, T: int, offset: int, device: torch.device) -> Tensor:
         if offset + T > self.config.max_seq_len and self.config.pos_encoding == "learned":
@@ -183,7 +263,8 @@ class GPT(GenerationMixin, PretrainedModel):
             )
         index = self._positions(T, offset, ids.device)  # (T,)
         pos = index if positions is None else positions  # (T,) | (B, T)
-        x = self.embed(ids, pos)  # (B, T, E)
+        x = x0 = self.embed(ids, pos)  # (B, T, E)
+        values = self.value_embeddings(ids)  # {layer: (B, T, H_kv·D)}
         # ALiBi depends on distances only, so token indices serve (also for shifted positions).
         # A sliding-window cache returns only its window of keys: masks follow its key positions.
         masks: dict[int, Tensor | None] = {}
@@ -200,8 +281,19 @@ class GPT(GenerationMixin, PretrainedModel):
                     as_attention_mask(mask[:, start:]) if mask is not None else None,
                     self.pos_encoding.score_bias(index, k_index),  # (H, T, S) or None
                 )
-            x = layer(x, mask=masks[start], is_causal=True, positions=pos, cache=layer_cache)
+            if self.x0_lambdas is not None:  # the x0 skip: a_i·x + b_i·x0
+                x = self.x0_lambdas[i, 0] * x + self.x0_lambdas[i, 1] * x0
+            x = layer(x, mask=masks[start], is_causal=True, positions=pos, cache=layer_cache,
+                      value_embed=values.get(i))  # fmt: skip
         return self.final_norm(x) if self.final_norm is not None else x
+
+    def value_embeddings(self, ids: Tensor) -> dict[int, Tensor]:
+        """``{layer: (B, T, H_kv·D)}``: each value-embedding layer's rows for ``ids`` ``(B, T)``
+        (empty without value embeddings; a table serving two layers is looked up once)."""
+        if self.value_embeds is None:
+            return {}
+        rows = [table(ids) for table in self.value_embeds]  # (B, T, H_kv·D) each
+        return {i: rows[j] for i, j in self.config.value_embedding_layers.items()}
 
     def forward(
         self,
@@ -345,6 +437,12 @@ PRESETS: dict[str, GPTConfig] = {
 
 def _params(c: GPTConfig) -> ParamBreakdown:
     comp = {"embedding.token": c.vocab_size * c.d_model}
+    if c.value_embeddings:  # the tables, and two mixing scalars per layer that reads them
+        kv_width = (c.n_kv_heads or c.n_heads) * c.d_head
+        comp["embedding.value"] = c.value_embeddings * c.vocab_size * kv_width
+        comp["layers.value_lambdas"] = 2 * len(c.value_embedding_layers)
+    if c.x0_skip:
+        comp["x0_lambdas"] = 2 * c.n_layers
     if c.pos_encoding == "learned":
         comp["embedding.position"] = c.max_seq_len * c.d_model
     if c.embed_norm:  # BLOOM's norm on the embeddings
@@ -402,7 +500,9 @@ def _hook_layout(model: GPT) -> HookLayout:
     stack = HookStack(
         "", (("embed.token", model.tok_embed),), model.pos_encoding, model.layers, model.final_norm
     )
-    readout = Readout("", model.layers, model.final_norm, model.lm_head)
+    # a soft-capped head is no linear map (direct logit attribution refuses it)
+    readout = Readout("", model.layers, model.final_norm, model.lm_head,
+                      linear=model.config.logit_softcap is None)  # fmt: skip
     return HookLayout((stack,), head=model.lm_head, readout=readout)
 
 
@@ -420,7 +520,18 @@ def _decoder_stack(model: GPT) -> DecoderStack:
         final_norm=model.final_norm,
         head=model.lm_head,
         max_positions=c.max_seq_len if c.pos_encoding == "learned" else None,
+        eager_only=_eager_only(c),
     )
+
+
+def _eager_only(c: GPTConfig) -> str | None:
+    """Why a decode engine cannot run the layers from outside: per-layer inputs the stack's
+    parts do not describe (value embeddings, the x0 skip); ``None`` when it can."""
+    options = [f"value_embeddings={c.value_embeddings}"] if c.value_embeddings else []
+    options += ["x0_skip=True"] if c.x0_skip else []
+    if not options:
+        return None
+    return f"{' and '.join(options)} feed every layer inputs that only the model's forward computes"
 
 
 FAMILY = register_family(

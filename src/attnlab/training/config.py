@@ -13,9 +13,9 @@ keys.
 Budgets: a run stops at the first of ``steps`` (optimizer updates in total), ``max_minutes``
 (training wall time in total, evaluation included, summed over resumed sessions) and
 ``max_epochs`` (passes over the data, for recipes whose data has epochs); at least one is set.
-With ``schedule_clock="time"`` the cosine schedule follows the further along of its two clocks
-(updates over ``steps``, training time over ``max_minutes``), so a time-budgeted run whose steps
-turned out slower than planned still reaches the end of its decay when the clock stops it.
+With ``schedule_clock="time"`` the cosine or WSD schedule follows the further along of its two
+clocks (updates over ``steps``, training time over ``max_minutes``), so a time-budgeted run whose
+steps turned out slower than planned still reaches the end of its decay when the clock stops it.
 
 Deviations from the paper: ``lr`` multiplies the Noam schedule (1.0 is eq. (3) exactly); weight
 decay, accumulation, clipping, early stopping and checkpoint averaging options are modern
@@ -77,7 +77,7 @@ class TrainConfig(Config):
     min_lr_ratio: float = 0.0  # cosine and wsd floor, as a fraction of lr
     decay_fraction: float = 0.2  # wsd: the last fraction of the steps decays
     wsd_decay: WsdDecay = "linear"  # wsd: the decay's shape (linear, sqrt: 1 - sqrt, cosine)
-    # "time": the cosine runs on whichever is further along, steps/steps or training time/
+    # "time": cosine or wsd runs on whichever is further along, steps/steps or training time/
     # max_minutes, so a run that the clock stops early still ends decayed (time budgets)
     schedule_clock: ScheduleClock = "steps"
     # -- regularisation
@@ -190,10 +190,11 @@ class TrainConfig(Config):
                     f"schedule='cosine' needs warmup < steps, got warmup={self.warmup}, "
                     f"steps={self.steps}"
                 )
-        if self.schedule_clock == "time" and (self.schedule != "cosine" or not self.max_minutes):
+        timed = self.schedule in ("cosine", "wsd")
+        if self.schedule_clock == "time" and (not timed or not self.max_minutes):
             raise ValueError(
-                "schedule_clock='time' needs schedule='cosine' and max_minutes (the time the "
-                f"cosine decays over), got schedule={self.schedule!r}, "
+                "schedule_clock='time' needs schedule='cosine' or 'wsd' and max_minutes (the "
+                f"time the schedule decays over), got schedule={self.schedule!r}, "
                 f"max_minutes={self.max_minutes}"
             )
 

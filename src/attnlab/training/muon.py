@@ -161,7 +161,7 @@ class Muon(Optimizer):
                 )
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Any = None) -> Any:
         """One update of every parameter that has a gradient (see the module's equations)."""
         loss = None
         if closure is not None:

@@ -226,7 +226,7 @@ def build_scheduler(
     """The ``LambdaLR`` of ``config.schedule`` (:mod:`attnlab.training.schedules`).
 
     ``noam`` needs the model width ``d_model`` (eq. (3)); its values multiply ``config.lr``.
-    With ``config.schedule_clock == "time"`` the cosine is evaluated at
+    With ``config.schedule_clock == "time"`` the cosine or WSD schedule is evaluated at
     ``max(step, ceil(steps * elapsed_s() / (60 * max_minutes)))``: the further along of the
     step count and the time budget (``elapsed_s`` reads the training seconds so far).
 

@@ -18,8 +18,10 @@ on the live model, never changes a module, and keeps nothing after :meth:`FusedD
 
 What a step computes is the modules' computation, in their order: :meth:`_LayerStep.python_step`
 follows :class:`~attnlab.layers.blocks.DecoderLayer` and
-:class:`~attnlab.layers.multihead.MultiHeadAttention` (pre- or post-norm, RoPE, GQA, any
-attention backend, a plain or gated FFN; another FFN module runs as it is), the C++ step does too.
+:class:`~attnlab.layers.multihead.MultiHeadAttention` (pre- or post-norm, QK-norm, RoPE, GQA,
+any attention backend, a plain or gated FFN; another FFN module runs as it is), the C++ step
+does too (it has no QK-norm: a layer with it takes the Python step). A stack whose declaration
+says it is ``eager_only`` (value embeddings, an x0 skip) is refused (:func:`supports`).
 So the tokens are the modules' (greedy, bit for bit with the same projections; the copies' kernels
 round differently, within 1e-5 of the logits). A step the engine does not cover runs the layer's
 own module: a layer with hooks (forward hooks, attnlab's hook sites), active dropout, an
@@ -102,6 +104,7 @@ class _LayerStep:
             isinstance(layer, DecoderLayer)
             and layer.cross_attn is None
             and isinstance(layer.self_attn, MultiHeadAttention)
+            and layer.self_attn.value_lambdas is None  # value embeddings: the model's forward
         )
         self.qkv: Projection | None = None
         self.out: DecodeWeight | None = None
@@ -182,8 +185,8 @@ class _LayerStep:
             q, k, v = qkv(h).split((H * D, H_kv * D, H_kv * D), dim=-1)
         else:
             q, k, v = mha.q_proj(h), mha.k_proj(h), mha.v_proj(h)
-        q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        k = k.view(B, T, H_kv, D).transpose(1, 2)  # (B, H_kv, T, D)
+        q = mha.norm_q(q.view(B, T, H, D).transpose(1, 2))  # (B, H, T, D), QK-norm if any
+        k = mha.norm_k(k.view(B, T, H_kv, D).transpose(1, 2))  # (B, H_kv, T, D)
         v = v.view(B, T, H_kv, D).transpose(1, 2)  # (B, H_kv, T, D)
         if mha.rotary is not None:
             q = mha.rotary.rotate(q, positions)
@@ -243,6 +246,8 @@ class FusedDecoder:
             raise ValueError(
                 f"the fused engine runs decoder stacks; {type(model).__name__} declares none"
             )
+        if stack.eager_only is not None:
+            raise ValueError(f"the fused engine cannot run this model: {stack.eager_only}")
         self.model = model
         self.stack: DecoderStack = stack
         self.memo = RotaryMemo()
@@ -455,6 +460,8 @@ def supports(model: nn.Module) -> str | None:
     stack = decoder_stack(model)
     if stack is None:
         return f"{type(model).__name__} declares no decoder stack (the engine runs causal LMs)"
+    if stack.eager_only is not None:
+        return stack.eager_only
     params = [p for layer in stack.layers for p in layer.parameters()]
     if any(p.device.type != "cpu" for p in params):
         return "the model is not on the CPU"

@@ -9,7 +9,8 @@ and decode-attention kernels, computing what the modules compute in the same ord
 is bit for bit the modules' (to 1e-5 with the exact GELU; tests/transforms/test_decode_layer.py).
 
 :func:`layer_plan` describes a layer for that operator, or returns ``None`` when the layer is
-not one it covers: a :class:`~attnlab.layers.blocks.DecoderLayer` without cross-attention,
+not one it covers: a :class:`~attnlab.layers.blocks.DecoderLayer` without cross-attention (nor
+QK-norm, nor value embeddings),
 attnlab's ``LayerNorm`` or ``RMSNorm``, a :class:`~attnlab.layers.feedforward.FeedForward` (plain
 or gated), an ``sdpa`` self-attention (RoPE or none) whose q/k/v can be joined in a
 :class:`~attnlab.transforms.decode_weights.QuantizedStack` (the step reads q, k and v from their
@@ -144,6 +145,8 @@ def layer_plan(layer: nn.Module, qkv: Any) -> LayerPlan | None:
         not wk.available()
         or "forward" in layer.__dict__  # already replaced (e.g. activation checkpointing)
         or not isinstance(mha, MultiHeadAttention)
+        or mha.q_norm is not None  # QK-norm: the C++ step has none (the Python step runs)
+        or mha.value_lambdas is not None
         or not (mha.rotary is None or type(mha.rotary) is RotaryEmbedding)
         or not isinstance(ffn, FeedForward)
         or type(n1) not in NORM_KINDS

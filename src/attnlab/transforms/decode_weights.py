@@ -196,7 +196,7 @@ def decoder_linears(model: nn.Module) -> tuple[list[MultiHeadAttention], list[nn
     names (self-attention output, a plain FFN's projections) and the LM head. Anything else
     (quantized projections, a mixture of experts) keeps running as it is."""
     stack = decoder_stack(model)
-    if stack is None:
+    if stack is None or stack.eager_only is not None:  # the engine does not run it
         return [], []
     attentions: list[MultiHeadAttention] = []
     candidates: list[object] = []
@@ -211,7 +211,8 @@ def decoder_linears(model: nn.Module) -> tuple[list[MultiHeadAttention], list[nn
             ffn = layer.ffn
             candidates += [ffn.up_proj, ffn.gate_proj, ffn.down_proj]
     candidates.append(stack.head)
-    return attentions, [m for m in candidates if isinstance(m, nn.Linear)]
+    # plain linears only (a soft-capped head computes more; the engine runs it as it is)
+    return attentions, [m for m in candidates if type(m) is nn.Linear]
 
 
 def copy_numel(model: nn.Module | Any) -> int:

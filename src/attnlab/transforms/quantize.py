@@ -126,10 +126,28 @@ def _plan(model: nn.Module, config: QuantizationConfig) -> _Plan:
             if tied is not None or any(n.split(".")[-1] == "lm_head" for n in aliases):
                 plan.heads.add(key)
             if config.include_lm_head or key not in plan.heads:
+                _check_plain(aliases[0], module)
                 plan.linears[key] = (aliases, module)
         elif isinstance(module, TokenEmbedding) and config.include_embedding:
             plan.embeddings[key] = (aliases, module)
     return plan
+
+
+def _check_plain(name: str, linear: nn.Linear) -> None:
+    """Refuse a subclass of ``nn.Linear`` that computes more than ``x Wᵀ + b`` (a soft-capped
+    head): a quantized linear in its place would silently drop the rest.
+
+    Raises:
+        ValueError: naming the module, its class and what to do instead.
+    """
+    if type(linear).forward is not nn.Linear.forward:
+        cap = getattr(linear, "softcap", None)
+        what = f" (logit soft-capping, cap {cap})" if cap is not None else ""
+        raise ValueError(
+            f"cannot quantize {name!r}: a {type(linear).__name__} computes more than a linear "
+            f"map{what}, which a quantized linear would drop; keep it in float "
+            "(include_lm_head=False for a head)"
+        )
 
 
 def _input_sizes(plan: _Plan) -> list[tuple[str, int]]:
