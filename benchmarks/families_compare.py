@@ -60,6 +60,7 @@ from attnlab.generation import GenerationConfig
 from attnlab.generation.engines import resolve_engine, runner_for
 from attnlab.generation.recurrent import is_recurrent
 from attnlab.generation.request import eval_mode, open_session, prepare_request
+from attnlab.layers import ATTENTION_BACKENDS
 from attnlab.training import Trainer
 from attnlab.training.recipes import prepare, train_recipe
 
@@ -223,11 +224,16 @@ def part_seqlen(args: argparse.Namespace, meta: dict[str, Any]) -> None:
 
 def part_recall(args: argparse.Namespace, meta: dict[str, Any]) -> None:
     results: dict[str, dict[str, dict[int, dict[str, float]]]] = {}
+    # --recall-backends: each GPT family again with those attention backends ("gpt+bigbird")
+    columns = [*args.families, *(f"{f}+{b}" for f in args.families if is_gpt(f)
+                                 for b in args.recall_backends)]  # fmt: skip
     for kind in args.kinds:
-        results[kind] = {f: {} for f in args.families}
+        results[kind] = {f: {} for f in columns}
         for d in args.distances:
-            for f in args.families:
-                over = {**QUIET, **args.recall_sizes, "arch": FAMILIES[f], "kind": kind,
+            for f in columns:
+                family, _, backend = f.partition("+")
+                over = {**QUIET, **args.recall_sizes, "arch": FAMILIES[family], "kind": kind,
+                        **({"attn_backend": backend} if backend else {}),
                         "distance": d, "steps": args.recall_steps,
                         "batch_size": args.recall_batch, "eval_every": 0,
                         "eval_batches": max(1, args.recall_eval // args.recall_batch),
@@ -240,9 +246,9 @@ def part_recall(args: argparse.Namespace, meta: dict[str, Any]) -> None:
     md = [f"Accuracy (chance 1/16) after {args.recall_steps} steps of batch {args.recall_batch}, "
           "per distance d (`attnlab train recall`).", ""]  # fmt: skip
     for kind in args.kinds:
-        rows = [[d, *(f"{results[kind][f][d]['accuracy']:.3f}" for f in args.families)]
+        rows = [[d, *(f"{results[kind][f][d]['accuracy']:.3f}" for f in columns)]
                 for d in args.distances]  # fmt: skip
-        md += [f"### {kind}", "", *table(["d", *args.families], rows), ""]
+        md += [f"### {kind}", "", *table(["d", *columns], rows), ""]
     write(args, "recall", meta, {"steps": args.recall_steps, "results": results}, md)
 
     def draw(path: Path) -> None:
@@ -254,7 +260,7 @@ def part_recall(args: argparse.Namespace, meta: dict[str, Any]) -> None:
         fig, axes = plt.subplots(1, len(args.kinds), figsize=(5 * len(args.kinds), 3.6),
                                  squeeze=False)  # fmt: skip
         for ax, kind in zip(axes[0], args.kinds, strict=True):
-            for f in args.families:
+            for f in columns:
                 ax.plot(args.distances, [results[kind][f][d]["accuracy"] for d in args.distances],
                         "o-", label=f)  # fmt: skip
             ax.axhline(1 / 16, color="grey", ls=":", lw=0.8)
@@ -387,6 +393,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="seqlen/decode: rotated rounds")
     p.add_argument("--repeats", type=int, default=3, help="seqlen: timed steps per round")
     p.add_argument("--kinds", default="copy", help="recall: copy,associative")
+    p.add_argument("--recall-backends", default="",
+                   help="recall: also train each GPT family with these attention backends, "
+                        "e.g. sparse_strided,sparse_fixed,bigbird,lsh")  # fmt: skip
     p.add_argument("--distances", type=ints, default=[4, 16, 64, 256])
     p.add_argument("--recall-steps", type=int, default=1000)
     p.add_argument("--recall-batch", type=int, default=16)
@@ -397,14 +406,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args.only = [x for x in args.only.split(",") if x]
     args.families = [x for x in args.families.split(",") if x]
     args.kinds = [x for x in args.kinds.split(",") if x]
+    args.recall_backends = [x for x in args.recall_backends.split(",") if x]
     for name, valid in (
         ("only", PARTS),
         ("families", FAMILIES),
         ("kinds", ("copy", "associative")),
+        ("recall_backends", ATTENTION_BACKENDS.keys()),
     ):
         bad = sorted(set(getattr(args, name)) - set(valid))
         if bad:
-            p.error(f"--{name}: unknown {bad}; valid: {', '.join(valid)}")
+            p.error(f"--{name.replace('_', '-')}: unknown {bad}; valid: {', '.join(valid)}")
     args.lm, args.recall_sizes = {}, {}
     if args.smoke:
         args.steps, args.eval_batches, args.seq_lens, args.tokens_per_batch = 3, 1, [16, 32], 64

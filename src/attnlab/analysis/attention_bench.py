@@ -23,6 +23,7 @@ Shapes: B batch, H heads, n sequence length (T = S = n), D head dim.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -35,7 +36,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 RESULT_MARKER = "ATTNLAB_BENCH_RESULT "
-DEFAULT_BACKENDS: tuple[str, ...] = ("math", "sdpa", "chunked", "sliding_window", "linear")
+SPARSE_BACKENDS: tuple[str, ...] = ("sparse_strided", "sparse_fixed", "bigbird", "lsh")
+DEFAULT_BACKENDS: tuple[str, ...] = (
+    *("math", "sdpa", "chunked", "sliding_window", "linear"),
+    *SPARSE_BACKENDS,
+)
 DEFAULT_SEQ_LENS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 MODES = ("forward", "forward_backward")
 _ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
@@ -53,6 +58,7 @@ class BenchConfig:
     causal: bool = True
     backward: bool = False  # also measure forward + backward
     window: int = 256  # for sliding_window
+    sparse_block: int | None = None  # sparse_strided/fixed's l; None: sqrt(n) (O(n·sqrt(n)))
     dtype: str = "float32"
     device: str = "cpu"
     repeats: int = 5
@@ -69,6 +75,8 @@ class BenchConfig:
         for name in ("batch", "heads", "d_head", "window", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.sparse_block is not None and self.sparse_block < 1:
+            raise ValueError(f"sparse_block must be positive, got {self.sparse_block}")
         if any(n < 1 for n in self.seq_lens) or not self.seq_lens:
             raise ValueError(f"seq_lens must be positive lengths, got {self.seq_lens}")
         if min(self.mem_cap_gb, self.timeout_s, self.time_budget_s) <= 0 or self.warmup < 0:
@@ -119,9 +127,42 @@ def estimate_peak_bytes(backend: str, n: int, config: BenchConfig, *, backward: 
         work = bh * n * span * 4 * (12 if backward else 5) + bh * n * d * 4 * 4
     elif backend == "linear":
         work = bh * n * (64 * 4 * 4 + d * 4 * 8) * (3 if backward else 1)
+    elif backend in SPARSE_BACKENDS:  # the keys each query sees, times ~8 buffers of scores
+        keys = _sparse_keys_per_query(backend, n, config)
+        work = bh * n * keys * 4 * (16 if backward else 8) + bh * n * d * 4 * 8
     else:  # sdpa's fused kernels and unknown backends: linear with a generous constant
         work = bh * n * d * 4 * (16 if backward else 8) + bh * min(n, 1024) ** 2 * 4
     return int(1.25 * (io + work)) + (64 << 20)
+
+
+def sparse_block(n: int, config: BenchConfig) -> int:
+    """The Sparse Transformer's block ``l`` at length n: ``config.sparse_block``, else the power
+    of two nearest ``sqrt(n)`` (the paper's choice, ``O(n·sqrt(n))``)."""
+    if config.sparse_block is not None:
+        return config.sparse_block
+    return 1 << max(0, int(math.log2(n) / 2 + 0.5))
+
+
+def backend_options(backend: str, n: int, config: BenchConfig) -> dict[str, Any]:
+    """The options a case's backend is built with (``get_attention_backend(name, **options)``)."""
+    if backend == "sliding_window":
+        return {"window": config.window}
+    if backend in ("sparse_strided", "sparse_fixed"):
+        return {"block": sparse_block(n, config)}
+    return {}  # bigbird, lsh: their defaults (blocks/chunks of 64: O(n))
+
+
+def _sparse_keys_per_query(backend: str, n: int, config: BenchConfig) -> int:
+    """Score slots per query the sparse backends build (padding included; their defaults)."""
+    if backend == "sparse_strided":
+        l = sparse_block(n, config)
+        return (2 if config.causal else 3) * l + -(-n // l)
+    if backend == "sparse_fixed":
+        l = sparse_block(n, config)
+        return l + -(-n // l)
+    if backend == "bigbird":  # 3 window + 2 global + 3 random blocks of 64, 2 full-row blocks
+        return (3 + 2 + 3) * 64 + 2 * 64
+    return 2 * 64  # lsh: its chunk and the previous one
 
 
 def parse_seq_lens(text: str) -> tuple[int, ...]:
@@ -193,7 +234,8 @@ def measure_case(spec: dict[str, Any]) -> dict[str, Any]:
 
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
-    options = {"window": spec["window"]} if spec["backend"] == "sliding_window" else {}
+    config = BenchConfig(**{k: spec[k] for k in ("window", "sparse_block") if k in spec})
+    options = backend_options(spec["backend"], int(spec["n"]), config)
     fn = get_attention_backend(spec["backend"], **options)
     device, dtype = torch.device(spec["device"]), getattr(torch, spec["dtype"])
     backward, causal = spec["mode"] == "forward_backward", bool(spec["causal"])
@@ -312,13 +354,16 @@ def describe_machine(meta: dict[str, Any], threads: int | None = None) -> str:
 __all__ = [
     "DEFAULT_BACKENDS",
     "DEFAULT_SEQ_LENS",
+    "SPARSE_BACKENDS",
     "BenchConfig",
     "CaseResult",
+    "backend_options",
     "estimate_peak_bytes",
     "machine_info",
     "measure_case",
     "parse_seq_lens",
     "run_case",
+    "sparse_block",
 ]
 
 if __name__ == "__main__":

@@ -107,7 +107,9 @@ def format_markdown(results: dict[str, Any]) -> str:
         "",
         f"B={cfg['batch']}, H={cfg['heads']}, D={cfg['d_head']}, {cfg['dtype']} on "
         f"{cfg['device']}, {'causal' if cfg['causal'] else 'bidirectional'}, "
-        f"sliding window {cfg['window']}, median of up to {cfg['repeats']} calls "
+        f"sliding window {cfg['window']}, "
+        f"sparse block {cfg.get('sparse_block') or 'sqrt(n)'} (strided/fixed; bigbird, lsh: "
+        f"blocks/chunks of 64), median of up to {cfg['repeats']} calls "
         f"({cfg['time_budget_s']:g} s budget) after {cfg['warmup']} warm-up, threads "
         f"{cfg['threads'] or meta['torch_threads_default']}, memory cap {cfg['mem_cap_gb']:g} GiB.",
         "Cells: median time / peak memory above the inputs.",

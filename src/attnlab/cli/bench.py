@@ -59,6 +59,12 @@ def add_attention_arguments(
     add("--heads", type=int, default=d.heads)
     add("--d-head", type=int, default=d.d_head)
     add("--window", type=int, default=d.window, help="sliding_window's window")
+    add(
+        "--sparse-block",
+        type=int,
+        default=None,
+        help="sparse_strided/sparse_fixed's block l (default: sqrt(n), a power of two)",
+    )
     add("--bidirectional", action="store_true", help="non-causal attention (default causal)")
     add("--backward", action="store_true", help="also time forward + backward")
     add("--dtype", default=d.dtype, choices=["float32", "float64", "bfloat16", "float16"])
@@ -107,6 +113,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         causal=not args.bidirectional,
         backward=args.backward,
         window=args.window,
+        sparse_block=args.sparse_block,
         dtype=args.dtype,
         device=check_device(args.device),  # up front, not in every case's process
         repeats=args.repeats,

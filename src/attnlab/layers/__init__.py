@@ -11,13 +11,16 @@ from attnlab.layers.attention_backends import (
 )
 
 # The efficient backends register themselves in ATTENTION_BACKENDS on import (after the registry).
+from attnlab.layers.attention_bigbird import BigBirdAttention
 from attnlab.layers.attention_chunked import ChunkedAttention, chunked_attention
 from attnlab.layers.attention_linear import LinearAttention, linear_attention
+from attnlab.layers.attention_lsh import LSHAttention
 from attnlab.layers.attention_sliding import (
     SlidingWindowAttention,
     sliding_window_attention,
     sliding_window_mask,
 )
+from attnlab.layers.attention_sparse import FixedAttention, StridedAttention
 from attnlab.layers.blocks import DecoderLayer, EncoderLayer
 from attnlab.layers.embedding import TokenEmbedding, tie_weights
 from attnlab.layers.feedforward import ACTIVATIONS, FeedForward, activation_names
@@ -46,6 +49,7 @@ from attnlab.layers.positional import (
     build_positional_encoding,
     sinusoidal_table,
 )
+from attnlab.layers.softcap import SoftCappedLinear, soft_cap
 
 __all__ = [
     "ACTIVATIONS",
@@ -55,12 +59,15 @@ __all__ = [
     "POSITIONAL_ENCODINGS",
     "ALiBi",
     "BatchNorm",
+    "BigBirdAttention",
     "ChunkedAttention",
     "CrossKVCache",
     "DecoderLayer",
     "EncoderLayer",
     "FeedForward",
+    "FixedAttention",
     "KVCache",
+    "LSHAttention",
     "LayerKVCache",
     "LayerNorm",
     "LearnedPositionalEmbedding",
@@ -73,6 +80,8 @@ __all__ = [
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
     "SlidingWindowAttention",
+    "SoftCappedLinear",
+    "StridedAttention",
     "TokenEmbedding",
     "activation_names",
     "alibi_slopes",
@@ -91,6 +100,7 @@ __all__ = [
     "sinusoidal_table",
     "sliding_window_attention",
     "sliding_window_mask",
+    "soft_cap",
     "tie_weights",
     "to_additive",
 ]
