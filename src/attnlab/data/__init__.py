@@ -8,6 +8,7 @@ trainer (:mod:`attnlab.training`), the explorer and the benchmarks import it.
   (:func:`data_dir`); data sets are looked up offline first with
   :func:`attnlab.io.find_data_file` in :func:`attnlab.io.data_dirs`;
 - :mod:`~attnlab.data.text`: Tiny Shakespeare (:func:`load_text`) and :class:`TokenStream`;
+- :mod:`~attnlab.data.pairs`: :class:`SentencePairs`, next-sentence-prediction pairs of lines;
 - :mod:`~attnlab.data.images`: :class:`ArrayImageDataset` and scikit-learn's digits
   (:func:`load_digits`);
 - :mod:`~attnlab.data.cifar10` (:class:`Cifar10`, checksummed) and
@@ -35,6 +36,7 @@ from attnlab.data.cifar10 import Cifar10, Cifar10Arrays, load_cifar10
 from attnlab.data.cifar10_download import download_cifar10
 from attnlab.data.common import Split, data_dir
 from attnlab.data.images import ArrayImageDataset, load_digits
+from attnlab.data.pairs import PairBatch, SentencePairs
 from attnlab.data.recall import RecallTask
 from attnlab.data.reverse import ReverseSplit, ReverseTask
 from attnlab.data.text import TINY_SHAKESPEARE_URL, TokenStream, load_text
@@ -47,9 +49,11 @@ __all__ = [
     "Cifar10",
     "Cifar10Arrays",
     "MixedBatch",
+    "PairBatch",
     "RecallTask",
     "ReverseSplit",
     "ReverseTask",
+    "SentencePairs",
     "Seq2SeqBatch",
     "Split",
     "TokenStream",

@@ -1,4 +1,5 @@
-"""Hugging Face BERT (``BertModel``, ``BertForMaskedLM``) <-> :class:`attnlab.models.BERT`.
+"""Hugging Face BERT (``BertModel``, ``BertForMaskedLM``, ``BertForPreTraining``,
+``BertForNextSentencePrediction``) <-> :class:`attnlab.models.BERT`.
 
 Same architecture, other names: the post-norm encoder layer's ``attention.self.{query,key,
 value}``, ``attention.output.{dense,LayerNorm}``, ``intermediate.dense`` and
@@ -6,10 +7,11 @@ value}``, ``attention.output.{dense,LayerNorm}``, ``intermediate.dense`` and
 ``ffn.{up,down}_proj`` and ``ffn_norm``; the first BERT checkpoints' LayerNorm ``gamma``/``beta``
 names are accepted as aliases. Heads are read off the checkpoint's keys: ``pooler.*`` gives the
 pooler, ``cls.predictions.*`` the masked-LM head (its decoder tied to the word embeddings unless
-``tie_word_embeddings`` is false).
+``tie_word_embeddings`` is false), ``cls.seq_relationship.*`` the next-sentence head (attnlab's
+``nsp``); a checkpoint without one of them (MiniLM, ``BertModel``) loads without that head.
 
 Not supported (an error says so): relative position embeddings, decoder/cross-attention
-configurations, the next-sentence head of ``BertForPreTraining``.
+configurations.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ def keymap(c: BERTConfig) -> KeyMap:
             duplicates["cls.predictions.decoder.weight"] = "embeddings.word_embeddings.weight"
         else:
             entries.append(same("mlm.decoder.weight", "cls.predictions.decoder.weight"))
+    if c.nsp_head:
+        entries += params("nsp", "cls.seq_relationship")
     return KeyMap(entries, ignore=(r"embeddings\.position_ids",), duplicates=duplicates)
 
 
@@ -98,6 +102,7 @@ def config_from_hf(h: HFConfig, keys: Collection[str]) -> BERTConfig:
         activation=h.activation("hidden_act", default="gelu"),
         pooler="pooler.dense.weight" in keys,
         mlm_head=any(k.startswith("cls.predictions.") for k in keys),
+        nsp_head="cls.seq_relationship.weight" in keys and "pooler.dense.weight" in keys,
         tie_output=h.get("tie_word_embeddings", default=True),
         init_std=h.get("initializer_range", default=0.02),
         pad_id=h.token_id("pad_token_id", vocab),
@@ -118,7 +123,7 @@ def config_to_hf(c: BERTConfig) -> dict[str, Any]:
     require(c.n_kv_heads in (None, c.n_heads), NAME, "grouped-query attention")
     require(c.bias, NAME, "bias=False")
     return {
-        "architectures": ["BertForMaskedLM" if c.mlm_head else "BertModel"],
+        "architectures": [_architecture(c)],
         "model_type": "bert",
         "vocab_size": c.vocab_size,
         "type_vocab_size": c.type_vocab_size,
@@ -136,6 +141,13 @@ def config_to_hf(c: BERTConfig) -> dict[str, Any]:
         "position_embedding_type": "absolute",
         "tie_word_embeddings": c.tie_output,
     }
+
+
+def _architecture(c: BERTConfig) -> str:
+    """The Hugging Face class with exactly ``c``'s heads."""
+    if c.nsp_head:
+        return "BertForPreTraining" if c.mlm_head else "BertForNextSentencePrediction"
+    return "BertForMaskedLM" if c.mlm_head else "BertModel"
 
 
 FAMILY = HFFamily(

@@ -3,13 +3,18 @@
 Token + learned position + segment (token type) embeddings, summed and normalised; a post-norm
 encoder stack (the paper's residual layout); an optional pooler (tanh dense on [CLS]); an optional
 masked-LM head (dense + activation + norm, then a decoder tied to the token embedding plus a
-per-token bias). :func:`mask_tokens` implements the 80/10/10 corruption of Devlin et al. §3.1.
+per-token bias); an optional next-sentence-prediction head (a 2-way linear classifier on the
+pooled [CLS]: IsNext / NotNext, Devlin et al. §3.1 "Task #2"). With both heads the model is
+Hugging Face's ``BertForPreTraining``. :func:`mask_tokens` implements the 80/10/10 corruption
+of Devlin et al. §3.1.
 
 Shapes: B batch, T tokens, E d_model, V vocabulary, H heads.
 Masks: ``mask`` is a per-token key mask ``(B, T)``, True/1 = real token (Hugging Face's
 ``attention_mask``); inside, attention masks are bool True = may attend, broadcast to (B, H, T, T).
 
-Deviations from the references: none in the architecture (no next-sentence head).
+NSP labels follow Hugging Face's convention: 0 = IsNext (segment B follows A), 1 = NotNext.
+
+Deviations from the references: none in the architecture.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import check_positive
@@ -83,6 +89,7 @@ class BERTConfig(StackConfig):
     pooler: bool = True  # tanh(dense([CLS])) for sentence-level tasks
     mlm_head: bool = True  # transform + norm + tied decoder + bias
     tie_output: bool = True  # MLM decoder shares the token embedding
+    nsp_head: bool = False  # next-sentence classifier (2 logits) on the pooled [CLS]
     init_std: float = 0.02
     ignore_index: int = -100
     pad_id: int | None = 0
@@ -94,6 +101,11 @@ class BERTConfig(StackConfig):
         super().validate()
         check_positive(type_vocab_size=self.type_vocab_size)
         check_token_ids(self, ("pad_id", "cls_id", "sep_id", "mask_id"), self.vocab_size)
+        if self.nsp_head and not self.pooler:
+            raise ValueError(
+                "nsp_head=True needs pooler=True: the next-sentence classifier reads the pooled "
+                "[CLS] vector"
+            )
 
     @property
     def special_ids(self) -> tuple[int, ...]:
@@ -108,7 +120,8 @@ class BERTOutput(NamedTuple):
     hidden: Tensor  # (B, T, E) last encoder layer
     pooled: Tensor | None  # (B, E) pooler output on [CLS]
     logits: Tensor | None  # (B, T, V) masked-LM logits
-    loss: Tensor | None  # mean MLM cross-entropy over the positions with a target
+    loss: Tensor | None  # mean MLM cross-entropy + mean NSP cross-entropy (those with labels)
+    nsp_logits: Tensor | None = None  # (B, 2) next-sentence logits: 0 IsNext, 1 NotNext
 
 
 class MLMHead(nn.Module):
@@ -129,8 +142,33 @@ class MLMHead(nn.Module):
         return self.decoder(self.norm(self.act(self.dense(h)))) + self.bias
 
 
+NSP_CLASSES = 2  # IsNext (0), NotNext (1)
+
+
+def nsp_loss(nsp_logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean cross-entropy of next-sentence logits ``(B, 2)`` against labels ``(B,)`` in {0, 1}
+    (0 = IsNext, 1 = NotNext), in float32.
+
+    Raises:
+        ValueError: for labels of another shape, a non-integer dtype, or values outside {0, 1}.
+    """
+    B = nsp_logits.shape[0]
+    if labels.shape != (B,):
+        raise ValueError(f"nsp_labels must have shape ({B},), got {tuple(labels.shape)}")
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise ValueError(f"nsp_labels must be integer class ids, got dtype {labels.dtype}")
+    if labels.numel() and not torch.compiler.is_compiling():
+        lo, hi = int(labels.min()), int(labels.max())
+        if lo < 0 or hi >= NSP_CLASSES:
+            raise ValueError(
+                f"nsp_labels must be 0 (IsNext) or 1 (NotNext), got values in [{lo}, {hi}]"
+            )
+    return F.cross_entropy(nsp_logits.float(), labels)
+
+
 class BERT(PretrainedModel):
-    """BERT encoder with optional pooler and masked-LM head: ``forward(ids) -> BERTOutput``."""
+    """BERT encoder with optional pooler, masked-LM head and next-sentence head:
+    ``forward(ids) -> BERTOutput``."""
 
     def __init__(self, config: BERTConfig) -> None:
         super().__init__()
@@ -158,6 +196,7 @@ class BERT(PretrainedModel):
             if c.mlm_head
             else None
         )
+        self.nsp = nn.Linear(c.d_model, NSP_CLASSES) if c.nsp_head else None
         self.reset_parameters()
         if self.mlm is not None and c.tie_output:
             tie_weights(self.mlm.decoder, self.tok_embed)
@@ -219,8 +258,9 @@ class BERT(PretrainedModel):
         token_type_ids: Tensor | None = None,
         mask: Tensor | None = None,
         targets: Tensor | None = None,
+        nsp_labels: Tensor | None = None,
     ) -> BERTOutput:
-        """Encode (and predict masked tokens).
+        """Encode (and predict masked tokens and whether segment B follows segment A).
 
         Args:
             ids: token ids ``(B, T)``, e.g. from :func:`mask_tokens`.
@@ -228,13 +268,17 @@ class BERT(PretrainedModel):
             mask: ``(B, T)`` key mask, True/1 = real token; default ``ids != pad_id``.
             targets: ``(B, T)`` MLM labels: the original token at masked positions,
                 ``config.ignore_index`` elsewhere (the second output of :func:`mask_tokens`).
+            nsp_labels: ``(B,)`` next-sentence labels, 0 = IsNext, 1 = NotNext.
 
         Returns:
-            :class:`BERTOutput` ``(hidden, pooled, logits, loss)``.
+            :class:`BERTOutput` ``(hidden, pooled, logits, loss, nsp_logits)``; ``loss`` is the
+            sum of the mean MLM and mean NSP cross-entropies of the labels given (Hugging
+            Face's ``BertForPreTraining`` total loss when both are).
 
         Raises:
-            ValueError: for ids/segments out of range, an empty or too long sequence, or
-                ``targets`` without an MLM head or of another shape than ``ids``.
+            ValueError: for ids/segments out of range, an empty or too long sequence,
+                ``targets`` without an MLM head or of another shape than ``ids``, or
+                ``nsp_labels`` without an NSP head or not in {0, 1}.
         """
         mask = self.default_mask(ids) if mask is None else mask
         x = self.embed(ids, token_type_ids)  # (B, T, E)
@@ -249,12 +293,20 @@ class BERT(PretrainedModel):
             x = self.final_norm(x)
         pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None  # (B, E)
         logits = self.mlm(x) if self.mlm is not None else None  # (B, T, V)
+        nsp_logits = None
+        if self.nsp is not None and pooled is not None:
+            nsp_logits = self.nsp(pooled)  # (B, 2)
         loss = None
         if targets is not None:
             if logits is None:
                 raise ValueError("targets need the MLM head; build with mlm_head=True")
             loss = token_loss(logits, targets, ids, ignore_index=self.config.ignore_index)
-        return BERTOutput(x, pooled, logits, loss)
+        if nsp_labels is not None:
+            if nsp_logits is None:
+                raise ValueError("nsp_labels need the NSP head; build with nsp_head=True")
+            nsp = nsp_loss(nsp_logits, nsp_labels)
+            loss = nsp if loss is None else loss + nsp
+        return BERTOutput(x, pooled, logits, loss, nsp_logits)
 
 
 def mask_tokens(
@@ -326,7 +378,8 @@ def mask_tokens_for(
 
 PRESETS: dict[str, BERTConfig] = {
     # Devlin et al. 2019, Table/§3: the encoder and pooler as published (Hugging Face's
-    # BertModel). Pass mlm_head=True to pre-train with the masked-LM head.
+    # BertModel). Pass mlm_head=True (and nsp_head=True) to pre-train with the masked-LM (and
+    # next-sentence) head.
     "bert-base": BERTConfig(mlm_head=False),
     "bert-large": BERTConfig(d_model=1024, n_heads=16, n_layers=24, d_ff=4096, mlm_head=False),
     # A CPU-sized masked LM (Turc et al. 2019's BERT-Tiny shape: L=2, H=128, A=2).
@@ -356,6 +409,8 @@ def _params(c: BERTConfig) -> ParamBreakdown:
         comp["mlm.decoder"] = c.vocab_size + (0 if c.tie_output else c.vocab_size * c.d_model)
         if c.tie_output:
             tied["mlm.decoder"] = "embedding.token"
+    if c.nsp_head:
+        comp["nsp"] = linear_params(c.d_model, NSP_CLASSES)
     return ParamBreakdown(comp, {"layers": c.n_layers}, tied)
 
 
@@ -366,6 +421,8 @@ def _flops(c: BERTConfig, B: int, n: int, src: int | None) -> tuple[list[MatmulT
     if c.mlm_head:
         terms.append(MatmulTerm("mlm.dense", B * n, c.d_model, c.d_model))
         terms.append(MatmulTerm("mlm.decoder", B * n, c.d_model, c.vocab_size))
+    if c.nsp_head:
+        terms.append(MatmulTerm("nsp", B, c.d_model, NSP_CLASSES))  # pooled [CLS] only
     return terms, softmax
 
 
@@ -387,6 +444,8 @@ def _activations(
     if c.mlm_head:
         # dense input, activation input, norm input (+ stats), decoder input; log-softmax
         outside += (4 * t * c.d_model + norm_elems(c, t)) * a + t * c.vocab_size * FP32
+    if c.nsp_head:  # its input is the pooler's tanh output (kept above); its log-softmax
+        outside += B * NSP_CLASSES * FP32
     return activation_result(act, fp32, scores, outside, a)
 
 
@@ -409,7 +468,7 @@ FAMILY = register_family(
         model=BERT,
         kind=Kind.ENCODER,
         presets=PRESETS,
-        description="BERT encoders, with a pooler and a masked-LM head",
+        description="BERT encoders, with a pooler, a masked-LM head and a next-sentence head",
         hooks=_hook_layout,
         costs=COSTS,
         example_inputs=token_inputs,
