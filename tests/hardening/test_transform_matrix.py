@@ -44,6 +44,8 @@ TINY: dict[str, Any] = {
                                              d_ff=64, max_seq_len=32, dropout=0.0),
     "mamba": attnlab.models.MambaConfig(vocab_size=64, d_model=32, n_layers=2, d_state=8),
     "rnn": attnlab.models.RNNConfig(cell="lstm", d_model=32, vocab_size=64),
+    "rnn_seq2seq": attnlab.models.RNNSeq2SeqConfig(vocab_size=64, d_model=32, d_hidden=32,
+                                                   max_seq_len=32, dropout=0.0),
     "resnet": ResNetConfig(stage_channels=(4, 8), blocks_per_stage=(1, 1), n_classes=3),
     "cnn": CNNConfig(in_channels=1, channels=4, n_classes=3),
 }  # fmt: skip
@@ -55,11 +57,13 @@ REFUSED: dict[tuple[str, str], str] = {
     ("fused", "transformer"): "declares no decoder stack",
     ("fused", "mamba"): "declares no decoder stack",
     ("fused", "rnn"): "declares no decoder stack",
+    ("fused", "rnn_seq2seq"): "declares no decoder stack",
     ("int8", "rnn"): "RNNLM has no torch.nn.Linear to quantize",  # an LSTM and a tied head
     ("int4", "rnn"): "RNNLM has no torch.nn.Linear to quantize",
     ("checkpointing", "resnet"): "has no blocks to checkpoint",
     ("checkpointing", "cnn"): "has no blocks to checkpoint",
     ("checkpointing", "rnn"): "has no blocks to checkpoint",
+    ("checkpointing", "rnn_seq2seq"): "has no blocks to checkpoint",
 }
 
 

@@ -25,6 +25,7 @@ from attnlab.models import (
     MambaConfig,
     ResNetConfig,
     RNNConfig,
+    RNNSeq2SeqConfig,
     TransformerConfig,
     ViT,
     ViTConfig,
@@ -101,6 +102,7 @@ LOSSES: dict[type[Any], Callable[[Any, torch.Generator], Tensor]] = {
     ResNetConfig: vit_loss,
     MambaConfig: gpt_loss,  # the same LM interface: forward(ids, targets=) -> (logits, loss)
     RNNConfig: gpt_loss,
+    RNNSeq2SeqConfig: transformer_loss,  # the same (src, tgt, targets=) interface
 }
 
 

@@ -43,7 +43,7 @@ def test_loss_decreases_and_run_files(tiny_run: Path) -> None:
     assert run["data"]["train_pairs"] == 300 and run["data"]["train_dropped"] == 0
     assert run["recipe"] == "translate" and set(run["options"]) == {
         "src", "tgt", "data", "vocab_size", "min_frequency", "max_len", "max_tokens",
-        "train_limit", "eval_bleu_sentences",
+        "train_limit", "eval_bleu_sentences", "arch", "attention",
     }  # only the recipe's own options  # fmt: skip
     # shared source/target embeddings tied to the output projection (§3.4)
     model = load_attnlab(tiny_run / "last")

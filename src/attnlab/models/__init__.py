@@ -35,6 +35,7 @@ from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.mamba import MambaConfig, MambaLM
 from attnlab.models.resnet import ResNet, ResNetConfig
 from attnlab.models.rnn import RNNLM, RNNConfig
+from attnlab.models.rnn_seq2seq import RNNSeq2Seq, RNNSeq2SeqConfig
 from attnlab.models.transformer import (
     Decoder,
     Encoder,
@@ -190,6 +191,8 @@ __all__ = [
     "MambaConfig",
     "MambaLM",
     "RNNConfig",
+    "RNNSeq2Seq",
+    "RNNSeq2SeqConfig",
     "ResNet",
     "ResNetConfig",
     "TransformerConfig",

@@ -15,6 +15,11 @@ tokenizer, token-based batches, sacreBLEU); the loop is the one trainer:
 - checkpoints every ``checkpoint_every`` steps, ``last/`` at the end, and ``averaged/``: the
   mean of the last ``average_last`` checkpoints (§6.1), evaluated like the others.
 
+``arch``: ``transformer`` (the default, above), ``rnn-attention`` (a recurrent encoder-decoder
+with Bahdanau's attention, ``attention=luong`` for Luong's; :mod:`attnlab.models.rnn_seq2seq`)
+or ``rnn`` (the same without attention): the same BPE, batches, training and BLEU; their runs go
+to ``runs/translate-SRC-TGT-ARCH``.
+
 Budgets: 90 minutes of training by default (``max_minutes``); ``steps`` and ``max_epochs``
 also apply. The options of attnlab 0.1's ``train translate`` keep working as aliases
 (``max_steps``, ``lr_factor``, ``save_every``, ``adam_beta1``, ``best_metric=bleu``, ...).
@@ -29,13 +34,14 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from torch import nn
 
 from attnlab.config import Config, check_positive
 from attnlab.io import find_data_file
 from attnlab.models.family import Kind, find_family
+from attnlab.models.rnn_seq2seq import RNNSeq2SeqConfig
 from attnlab.models.transformer import EncoderDecoderTransformer, TransformerConfig
 from attnlab.pretrained import WEIGHTS_NAME, from_pretrained
 from attnlab.tokenizers import LibraryTokenizer, Tokenizer
@@ -55,6 +61,12 @@ from attnlab.translation.data import (
 from attnlab.translation.evaluate import score_bleu, translate
 from attnlab.translation.tokenizer import TranslationTokenizer
 
+# the recurrent architectures: arch -> its attention (attnlab.models.rnn_seq2seq)
+RNN_ATTENTION: dict[str, Literal["bahdanau", "luong", "none"]] = {
+    "rnn": "none",
+    "rnn-attention": "bahdanau",
+}
+
 
 @dataclass(frozen=True, kw_only=True)
 class TranslateOptions(Config):
@@ -69,9 +81,16 @@ class TranslateOptions(Config):
     max_tokens: int = 2048  # padded tokens per batch: n_pairs * max(source, target length)
     train_limit: int | None = None  # use only the first N training pairs
     eval_bleu_sentences: int = 200  # greedy BLEU on the first N validation pairs (0: off)
+    arch: Literal["transformer", "rnn", "rnn-attention"] = "transformer"
+    attention: Literal["bahdanau", "luong"] | None = None  # rnn-attention's; None: bahdanau
 
     def validate(self) -> None:
         super().validate()
+        if self.attention is not None and RNN_ATTENTION.get(self.arch) in (None, "none"):
+            raise ValueError(
+                f"attention={self.attention!r} applies to arch='rnn-attention', not "
+                f"arch={self.arch!r}"
+            )
         for name in ("src", "tgt"):
             value = getattr(self, name)
             if not value.isalpha():
@@ -148,8 +167,14 @@ def _data(options: TranslateOptions, tokenizer: Tokenizer | None, train: TrainCo
     return Data(value, tok, info, {"src": o.src, "tgt": o.tgt, "data": str(directory)})
 
 
-def _model_config(options: Any, data: Data | None) -> TransformerConfig:
+def _model_config(options: Any, data: Data | None) -> Any:
     vocab = data.tokenizer.vocab_size if data is not None and data.tokenizer else options.vocab_size
+    attention = RNN_ATTENTION.get(options.arch)
+    if attention is not None:  # d_model 256, one bidirectional GRU layer of 512 per direction
+        return RNNSeq2SeqConfig(
+            vocab_size=vocab, attention=options.attention or attention,
+            max_seq_len=options.max_len, pad_id=0, bos_id=1, eos_id=2,
+        )  # fmt: skip
     return TransformerConfig(
         vocab_size=vocab, d_model=256, n_heads=4, n_layers=3, d_ff=1024, dropout=0.1,
         max_seq_len=options.max_len, norm_position="post", share_embeddings=True,
@@ -253,8 +278,11 @@ TRANSLATE = Recipe(
         reseed_dropout=False, optimizer_impl="for-loop",
     ),
     _model_config, _data, _objective, _callbacks, _adjust,
-    run_name=lambda o: f"translate-{o.src}-{o.tgt}",
-    derived=("vocab_size", "max_seq_len"),
+    run_name=lambda o: f"translate-{o.src}-{o.tgt}" + (
+        f"-{o.arch}" if o.arch in RNN_ATTENTION else ""
+    ),
+    derived=("vocab_size", "max_seq_len", "attention"),  # --attention is the option's
+    variants=(TranslateOptions(arch="rnn-attention"),),
     # the largest batch: max_tokens padded tokens as sequences of the full length
     memory_batch=lambda o, t: max(1, o.max_tokens // o.max_len),
     aliases={
