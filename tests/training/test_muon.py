@@ -50,8 +50,8 @@ def test_newton_schulz_brings_singular_values_into_the_band(shape: tuple[int, in
 
 
 def test_newton_schulz_rejects_bad_input_and_keeps_zero() -> None:
-    with pytest.raises(ValueError, match=r"2-D matrix, got shape \(3, 4, 5\)"):
-        newton_schulz(torch.zeros(3, 4, 5))
+    with pytest.raises(ValueError, match=r"a matrix \(..., m, n\), got shape \(4,\)"):
+        newton_schulz(torch.zeros(4))
     with pytest.raises(ValueError, match="steps must be >= 0, got -1"):
         newton_schulz(torch.zeros(3, 4), -1)
     assert torch.equal(newton_schulz(torch.zeros(3, 4)), torch.zeros(3, 4))
@@ -163,3 +163,13 @@ def test_bad_muon_options_name_the_value() -> None:
         TrainConfig(optimizer="muon", muon_lr=0.0)
     with pytest.raises(ValueError, match="FSDP shards them"):
         TrainConfig(optimizer="muon", fsdp=True)
+
+
+def test_a_stack_is_orthogonalised_matrix_by_matrix() -> None:
+    gen = torch.Generator().manual_seed(5)
+    stack = torch.randn(3, 8, 20, generator=gen) * torch.tensor([0.1, 1.0, 30.0])[:, None, None]
+    batched = newton_schulz(stack)
+    for i in range(3):
+        assert torch.allclose(batched[i], newton_schulz(stack[i]), atol=1e-6)
+    tall = newton_schulz(stack.mT)
+    assert torch.allclose(tall, batched.mT, atol=1e-6)

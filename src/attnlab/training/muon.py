@@ -63,26 +63,27 @@ def newton_schulz(g: Tensor, steps: int = 5, *, eps: float = 1e-7) -> Tensor:
     GPUs; on a CPU float32 is as fast and exact to compare).
 
     Args:
-        g: ``(m, n)`` matrix (a gradient or momentum), any float dtype.
+        g: ``(m, n)`` matrix (a gradient or momentum), or a stack ``(..., m, n)`` of them, each
+            orthogonalised on its own (one batched product per step), any float dtype.
         steps: iterations (5 in the speedrun).
         eps: added to the norm, so a zero matrix stays zero.
 
     Returns:
-        ``(m, n)`` in ``g``'s dtype.
+        ``g``'s shape, in ``g``'s dtype.
 
     Raises:
-        ValueError: for a tensor that is not 2-D, or ``steps < 0``.
+        ValueError: for a tensor of fewer than 2 dimensions, or ``steps < 0``.
     """
-    if g.ndim != 2:
-        raise ValueError(f"newton_schulz takes a 2-D matrix, got shape {tuple(g.shape)}")
+    if g.ndim < 2:
+        raise ValueError(f"newton_schulz takes a matrix (..., m, n), got shape {tuple(g.shape)}")
     if steps < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
     a, b, c = NS_COEFFICIENTS
     x = g.to(torch.float32)
-    tall = x.shape[0] > x.shape[1]
+    tall = x.shape[-2] > x.shape[-1]
     if tall:  # iterate on the short side: X X^T is min(m, n) square
         x = x.mT
-    x = x / (x.norm() + eps)
+    x = x / (torch.linalg.matrix_norm(x, keepdim=True) + eps)  # each matrix's Frobenius norm
     for _ in range(steps):
         xxt = x @ x.mT  # (k, k), k = min(m, n)
         x = a * x + (b * xxt + c * (xxt @ xxt)) @ x
@@ -176,6 +177,9 @@ class Muon(Optimizer):
 
     def _muon_group(self, group: dict[str, Any]) -> None:
         lr, mu, wd = group["lr"], group["momentum"], group["weight_decay"]
+        # matrices of one shape (a layer's q, k, v and output projections, every layer's) are
+        # orthogonalised together: one batched product per iteration instead of one each
+        by_shape: dict[tuple[int, ...], list[tuple[Tensor, Tensor]]] = {}
         for p in group["params"]:
             if p.grad is None:
                 continue
@@ -186,11 +190,16 @@ class Muon(Optimizer):
             buf = state["momentum_buffer"]
             buf.mul_(mu).add_(g)
             update = g.add(buf, alpha=mu) if group["nesterov"] else buf
-            ortho = newton_schulz(update, group["ns_steps"])
-            scale = math.sqrt(max(1.0, g.shape[0] / g.shape[1]))
-            if wd:
-                p.mul_(1.0 - lr * wd)
-            p.add_(ortho.reshape(p.shape), alpha=-lr * scale)
+            by_shape.setdefault((*g.shape, g.dtype.itemsize), []).append((p, update))
+        for pairs in by_shape.values():
+            stacked = torch.stack([u for _, u in pairs])  # (k, m, n)
+            ortho = newton_schulz(stacked, group["ns_steps"])
+            m, n = stacked.shape[-2:]
+            scale = math.sqrt(max(1.0, m / n))
+            for (p, _), o in zip(pairs, ortho, strict=True):
+                if wd:
+                    p.mul_(1.0 - lr * wd)
+                p.add_(o.reshape(p.shape), alpha=-lr * scale)
 
     def _adamw_group(self, group: dict[str, Any]) -> None:
         lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]

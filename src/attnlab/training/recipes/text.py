@@ -161,8 +161,9 @@ def arch_config(arch: str, vocab_size: int) -> Any:
 # -- the speedrun preset (issue 51): chosen on the validation split of the training text only,
 # measured by benchmarks/time_to_loss.py (docs/time_to_loss.md has the runs and the ablations).
 SPEEDRUN_MODEL: dict[str, Any] = {
-    "pos_encoding": "rope", "norm": "rmsnorm", "activation": "swiglu", "d_ff": 346,
-    "tie_output": False,
+    "pos_encoding": "rope", "norm": "rmsnorm", "activation": "relu2", "d_ff": 512,
+    "qk_norm": True, "logit_softcap": 30.0, "zero_init_proj": True, "tie_output": False,
+    "max_seq_len": 128,
 }  # fmt: skip
 SPEEDRUN_TRAIN: dict[str, Any] = {
     "optimizer": "muon", "muon_lr": 0.02, "lr": 3e-3, "betas": (0.9, 0.95),
@@ -173,6 +174,11 @@ SPEEDRUN_TRAIN: dict[str, Any] = {
 SPEEDRUN_ABLATIONS: dict[str, dict[str, Any]] = {
     "muon": {"optimizer": "adamw", "lr": 1e-3},
     "wsd": {"schedule": "cosine", "min_lr_ratio": 0.1},
+    "context-128": {"max_seq_len": 64},
+    "qk-norm": {"qk_norm": False},
+    "relu2": {"activation": "gelu"},
+    "softcap": {"logit_softcap": None},
+    "zero-init": {"zero_init_proj": False},
     "untied-head": {"tie_output": True},
     "rope": {"pos_encoding": "learned"},
 }
