@@ -383,6 +383,27 @@ def token_inputs(
     return (example_ids(c.vocab_size, batch, check_size("seq_len", n), generator),), {}
 
 
+def seq2seq_inputs(
+    c: Any,
+    *,
+    batch: int = 1,
+    seq_len: int | None = None,
+    src_len: int | None = None,
+    generator: torch.Generator,
+) -> tuple[tuple[Tensor, ...], dict[str, Tensor]]:
+    """An encoder-decoder's example inputs: source ids ``(B, S)`` of its ``vocab_size`` and
+    target ids ``(B, T)`` of its ``target_vocab_size``; ``T = seq_len`` or its ``max_seq_len``,
+    ``S = src_len`` or ``T``.
+
+    Raises:
+        ValueError: for a non-positive length.
+    """
+    n = c.max_seq_len if seq_len is None else check_size("seq_len", seq_len)
+    S = n if src_len is None else check_size("src_len", src_len)
+    src = example_ids(c.vocab_size, batch, S, generator)  # (B, S)
+    return (src, example_ids(c.target_vocab_size, batch, n, generator)), {}
+
+
 def image_inputs(size: int) -> Callable[..., tuple[tuple[Tensor, ...], dict[str, Tensor]]]:
     """A convolutional classifier's ``example_inputs``: random images ``(B, C, size, size)``
     (``C`` = its ``in_channels``); it has no sequence length to vary."""
@@ -426,5 +447,6 @@ __all__ = [
     "layer_window",
     "moe_layer_indices",
     "norm",
+    "seq2seq_inputs",
     "token_inputs",
 ]

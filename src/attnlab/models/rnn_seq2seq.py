@@ -52,7 +52,12 @@ from attnlab.config import Config, check_positive, check_probability
 from attnlab.layers.embedding import TokenEmbedding, tie_weights
 from attnlab.layers.recurrent_attention import AdditiveAttention, BilinearAttention, attend
 from attnlab.models.base import GenerationMixin, PretrainedModel
-from attnlab.models.common import check_size, check_token_ids, example_ids, token_loss
+from attnlab.models.common import (
+    check_size,
+    check_token_ids,
+    seq2seq_inputs,
+    token_loss,
+)
 from attnlab.models.costs import Costs, ParamBreakdown, linear_params
 from attnlab.models.family import Family, Kind, PromptBatch, register_family
 
@@ -499,20 +504,6 @@ COSTS = Costs(
 )
 
 
-def _example_inputs(
-    c: RNNSeq2SeqConfig,
-    *,
-    batch: int = 1,
-    seq_len: int | None = None,
-    src_len: int | None = None,
-    generator: torch.Generator,
-) -> tuple[tuple[Tensor, ...], dict[str, Tensor]]:
-    n = c.max_seq_len if seq_len is None else check_size("seq_len", seq_len)
-    S = n if src_len is None else check_size("src_len", src_len)
-    src = example_ids(c.vocab_size, batch, S, generator)  # (B, S)
-    return (src, example_ids(c.target_vocab_size, batch, n, generator)), {}
-
-
 FAMILY = register_family(
     Family(
         name="rnn_seq2seq",
@@ -523,7 +514,7 @@ FAMILY = register_family(
         description="recurrent encoder-decoder: Bahdanau or Luong attention, or none (§1.2)",
         costs=COSTS,
         session=RNNSeq2SeqSession,
-        example_inputs=_example_inputs,
+        example_inputs=seq2seq_inputs,
     )
 )
 

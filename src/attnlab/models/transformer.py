@@ -38,8 +38,8 @@ from attnlab.models.common import (
     check_token_ids,
     decoder_layer,
     encoder_layer,
-    example_ids,
     final_norm,
+    seq2seq_inputs,
     token_loss,
 )
 from attnlab.models.costs import (
@@ -412,20 +412,6 @@ def _hook_layout(model: EncoderDecoderTransformer) -> HookLayout:
     return HookLayout(stacks, head=model.lm_head, readout=readout)
 
 
-def _example_inputs(
-    c: TransformerConfig,
-    *,
-    batch: int = 1,
-    seq_len: int | None = None,
-    src_len: int | None = None,
-    generator: torch.Generator,
-) -> tuple[tuple[Tensor, ...], dict[str, Tensor]]:
-    n = c.max_seq_len if seq_len is None else check_size("seq_len", seq_len)
-    S = n if src_len is None else check_size("src_len", src_len)
-    src = example_ids(c.vocab_size, batch, S, generator)  # (B, S)
-    return (src, example_ids(c.target_vocab_size, batch, n, generator)), {}
-
-
 FAMILY = register_family(
     Family(
         name="transformer",
@@ -436,7 +422,7 @@ FAMILY = register_family(
         description="the paper's encoder-decoder Transformer (Table 3)",
         hooks=_hook_layout,
         costs=COSTS,
-        example_inputs=_example_inputs,
+        example_inputs=seq2seq_inputs,
         explorer=ExplorerSpec(),
     )
 )
