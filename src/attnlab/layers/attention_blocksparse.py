@@ -244,12 +244,14 @@ def attend_parts(
     weights = weights.to(dtype)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
-    out, at = None, 0
+    outs, at = [], 0
     for part in parts:
         K = part.scores.shape[-1]
-        o = part.combine(weights[..., at : at + K])
-        out, at = (o if out is None else out + o), at + K
-    assert out is not None
+        outs.append(part.combine(weights[..., at : at + K]))
+        at += K
+    out = outs[0]
+    for o in outs[1:]:  # the parts' contributions, summed in order
+        out = out + o
     B, Dv = out.shape[0], out.shape[-1]
     return out.reshape(B, H, g.N * g.l, Dv)[:, :, g.front : g.front + T]  # (B, H, T, Dv)
 
