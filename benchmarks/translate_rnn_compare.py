@@ -149,6 +149,19 @@ def alignment(runs: dict[str, Path], data: Path, indices: list[int], path: Path)
     return out
 
 
+def equal_steps(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The comparison at equal steps, from the runs' own validation records: the last step at
+    which every model was evaluated, with each one's validation loss and greedy BLEU on the
+    recipe's first validation sentences (``eval_bleu_sentences``) at that step."""
+    common = set.intersection(*({c["step"] for c in r["training"]["val_curve"]} for r in rows))
+    if not rows or not common:
+        return None
+    step = max(common)
+    at = {r["arch"]: next(c for c in r["training"]["val_curve"] if c["step"] == step) for r in rows}
+    return {"step": step, "rows": [{"arch": a, "val_loss": c["loss"], "val_bleu_greedy":
+                                    c.get("bleu")} for a, c in at.items()]}  # fmt: skip
+
+
 def machine() -> dict[str, Any]:
     import sacrebleu
     import tokenizers
@@ -190,6 +203,15 @@ def markdown(result: dict[str, Any]) -> str:
             f"{t['steps']:,} | {t['train_seconds'] / 60:.1f} | {e['bleu_lowercase']:.2f} | "
             f"{e['bleu']:.2f} |"
         )
+    same = result.get("equal_steps")
+    if same:
+        lines += ["", f"At equal steps ({same['step']:,}, the last step every model was "
+                  "evaluated at): validation loss over all validation pairs and greedy BLEU on "
+                  "the first 200 validation sentences, from the runs' own records.", "",
+                  "| arch | val loss | val BLEU (greedy, cased) |", "|---|---:|---:|"]  # fmt: skip
+        for r in same["rows"]:
+            bleu = "-" if r["val_bleu_greedy"] is None else f"{r['val_bleu_greedy']:.2f}"
+            lines.append(f"| {r['arch']} | {r['val_loss']:.3f} | {bleu} |")
     lines += ["", "Commands:", ""]
     for r in result["rows"]:
         lines += [f"- `{r['training']['command']}`", f"- `{r['test']['command']}`"]
@@ -210,8 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="translate_rnn_compare")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     parser.add_argument("--image", default="translate_rnn_alignment.png", help="picture's name")
+    parser.add_argument("--report-only", action="store_true",
+                        help="rewrite the .md and course JSON from the recorded .json")  # fmt: skip
     args, extra = parser.parse_known_args(argv)
     extra = [x for x in extra if x != "--"]
+    results: Path = args.results_dir
+    if args.report_only:
+        result = json.loads((results / f"{args.name}.json").read_text())
+        return write(result, results, args.name)
     if args.minutes <= 0 and args.steps is None:
         parser.error("give a budget: --minutes > 0 and/or --steps")
     archs = [a for a in args.archs.split(",") if a]
@@ -219,7 +247,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown --archs {unknown}; valid: {list(ARCHS)}")
     data = args.data or default_data()
-    results: Path = args.results_dir
     runs = {a: results / "runs" / f"{args.name}-{a}" for a in archs}
     rows = []
     for arch in archs:  # sequentially: each model has the machine to itself
@@ -237,10 +264,18 @@ def main(argv: list[str] | None = None) -> int:
     indices = [int(i) for i in args.examples.split(",") if i]
     result["examples"] = alignment(runs, data, indices, image)
     result["image"] = image.name if result["examples"] else None
+    return write(result, results, args.name)
+
+
+def write(result: dict[str, Any], results: Path, name: str) -> int:
+    """``<name>.{json,md}`` and the course page's ``course/<name>.json``; prints the table."""
+    rows = result["rows"]
+    result["equal_steps"] = equal_steps(rows)
     results.mkdir(parents=True, exist_ok=True)
-    (results / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (results / f"{args.name}.md").write_text(markdown(result))
-    course = {k: result[k] for k in ("machine", "budget", "command", "smoke", "examples")}
+    (results / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (results / f"{name}.md").write_text(markdown(result))
+    keys = ("machine", "budget", "command", "smoke", "examples", "equal_steps")
+    course = {k: result[k] for k in keys}
     course["rows"] = [
         {"arch": r["arch"], "attention": r["training"]["model"].get("attention"),
          "n_params": r["training"]["n_params"], "steps": r["training"]["steps"],
@@ -249,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows
     ]  # fmt: skip
     (results / "course").mkdir(exist_ok=True)
-    (results / "course" / f"{args.name}.json").write_text(json.dumps(course, indent=2) + "\n")
+    (results / "course" / f"{name}.json").write_text(json.dumps(course, indent=2) + "\n")
     print(markdown(result))
     return 0
 

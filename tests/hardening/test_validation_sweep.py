@@ -543,6 +543,9 @@ ROWS: list[Row] = [
     Row("training", "TrainConfig", "an infinite lr", lambda: TR.TrainConfig(lr=float("inf")), ValueError),
     Row("training", "TrainConfig", "a NaN clip_grad_norm", lambda: TR.TrainConfig(clip_grad_norm=float("nan")), ValueError),
     Row("training", "TrainConfig", "no budget at all", lambda: TR.TrainConfig(steps=None), ValueError),
+    Row("training", "TrainConfig", "batch_warmup_start > batch_size", lambda: TR.TrainConfig(batch_size=4, batch_warmup=10, batch_warmup_start=8), ValueError),
+    Row("training", "TrainConfig", "negative seq_warmup", lambda: TR.TrainConfig(seq_warmup=-1), ValueError),
+    Row("training", "warmup_size", "start above full", lambda: TR.schedules.warmup_size(0, start=9, full=8, steps=4), ValueError),
     Row("training", "TrainConfig", "average_last above keep_checkpoints", lambda: TR.TrainConfig(average_last=3), ValueError),
     Row("training", "TrainConfig", "a best_metric that is not a validation metric", lambda: TR.TrainConfig(best_metric="loss"), ValueError),
     Row("training", "TrainConfig", "an unknown optimizer_impl", lambda: TR.TrainConfig(optimizer_impl="magic"), ValueError),  # type: ignore[arg-type]

@@ -262,9 +262,17 @@ def test_a_failing_rank_stops_the_job_promptly(root: Path) -> None:
     print(f"failing launch: {seconds:.1f} s")
 
 
-def test_ddp_with_muon_equals_one_process(root: Path) -> None:
-    """Muon (issue 51) under DDP: every process orthogonalises the same all-reduced momentum."""
-    muon = ("--optimizer=muon", "--muon-lr=0.05", "--lr=0.01", "--bias=false")
+def test_ddp_with_muon_and_every_option_equals_one_process(root: Path) -> None:
+    """Muon (issue 51) under DDP: every process orthogonalises the same all-reduced momentum;
+    with every speedrun architecture option and both warmups on (each process computes its
+    half of the cut batch)."""
+    muon = (
+        "--optimizer=muon", "--muon-lr=0.05", "--lr=0.01", "--bias=false", "--qk_norm",
+        "--activation=relu2", "--logit_softcap=30", "--zero_init_proj", "--no-tie_output",
+        "--value_embeddings=1", "--x0_skip", "--pos_encoding=rope", "--norm=rmsnorm",
+        "--batch_warmup=2", "--batch_warmup_start=2", "--batch_warmup_multiple=2",
+        "--seq_warmup=2", "--seq_warmup_start=8",
+    )  # fmt: skip
     torch.set_num_threads(1)
     assert main(_train_args(root, "muon_one", 2, *muon)) == 0
     done, _ = _torchrun(["-m", "attnlab", *_train_args(root, "muon_ddp", 2, *muon)], cwd=root)

@@ -192,6 +192,32 @@ def check_token_ids(config: object, names: tuple[str, ...], vocab_size: int) -> 
             raise ValueError(f"{name}={tok} is outside the vocabulary [0, {vocab_size})")
 
 
+class Seq2SeqVocabulary:
+    """What the encoder-decoder families' configs share about their vocabularies: one
+    (``tgt_vocab_size=None``) or two, and ``share_embeddings`` needing one. A mixin of their
+    dataclasses; the fields are theirs."""
+
+    vocab_size: int
+    tgt_vocab_size: int | None
+    share_embeddings: bool
+
+    @property
+    def target_vocab_size(self) -> int:
+        """The target vocabulary (the shared one unless ``tgt_vocab_size`` is set)."""
+        return self.tgt_vocab_size or self.vocab_size
+
+    def check_vocabularies(self) -> None:
+        """Raise ``ValueError`` for ``share_embeddings`` with two vocabularies, or a special
+        token id (``pad_id``, ``bos_id``, ``eos_id``) outside either vocabulary."""
+        if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
+            raise ValueError(
+                f"share_embeddings needs one vocabulary, but vocab_size={self.vocab_size} and "
+                f"tgt_vocab_size={self.tgt_vocab_size}"
+            )
+        vocab = min(self.vocab_size, self.target_vocab_size)
+        check_token_ids(self, ("pad_id", "bos_id", "eos_id"), vocab)
+
+
 # -- builders ------------------------------------------------------------------------------------
 
 

@@ -53,8 +53,8 @@ from attnlab.layers.embedding import TokenEmbedding, tie_weights
 from attnlab.layers.recurrent_attention import AdditiveAttention, BilinearAttention, attend
 from attnlab.models.base import GenerationMixin, PretrainedModel
 from attnlab.models.common import (
+    Seq2SeqVocabulary,
     check_size,
-    check_token_ids,
     seq2seq_inputs,
     token_loss,
 )
@@ -65,7 +65,7 @@ RNNState = Tensor | tuple[Tensor, Tensor]  # GRU: h (L, B, H); LSTM: (h, c)
 
 
 @dataclass(frozen=True, kw_only=True)
-class RNNSeq2SeqConfig(Config):
+class RNNSeq2SeqConfig(Seq2SeqVocabulary, Config):
     """Hyper-parameters of the recurrent encoder-decoder (defaults: the translation recipe's
     size, d_model 256, one layer of 512 per direction). Field types are checked on creation."""
 
@@ -102,18 +102,7 @@ class RNNSeq2SeqConfig(Config):
             max_seq_len=self.max_seq_len, init_std=self.init_std,
         )  # fmt: skip
         check_probability(dropout=self.dropout)
-        if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
-            raise ValueError(
-                f"share_embeddings needs one vocabulary, but vocab_size={self.vocab_size} and "
-                f"tgt_vocab_size={self.tgt_vocab_size}"
-            )
-        vocab = min(self.vocab_size, self.target_vocab_size)
-        check_token_ids(self, ("pad_id", "bos_id", "eos_id"), vocab)
-
-    @property
-    def target_vocab_size(self) -> int:
-        """The target vocabulary (the shared one unless ``tgt_vocab_size`` is set)."""
-        return self.tgt_vocab_size or self.vocab_size
+        self.check_vocabularies()
 
     @property
     def attention_size(self) -> int:

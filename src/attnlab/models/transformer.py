@@ -33,9 +33,9 @@ from attnlab.layers.positional import (
 )
 from attnlab.models.base import GenerationMixin, PretrainedModel
 from attnlab.models.common import (
+    Seq2SeqVocabulary,
     StackConfig,
     check_size,
-    check_token_ids,
     decoder_layer,
     encoder_layer,
     final_norm,
@@ -68,7 +68,7 @@ from attnlab.models.family import (
 
 
 @dataclass(frozen=True, kw_only=True)
-class TransformerConfig(StackConfig):
+class TransformerConfig(Seq2SeqVocabulary, StackConfig):
     """Hyper-parameters of the encoder-decoder Transformer (defaults: the base model, Table 3)."""
 
     model_type: ClassVar[str] = "transformer"
@@ -97,18 +97,7 @@ class TransformerConfig(StackConfig):
                 "attn_layer_backends needs as many decoder as encoder layers, got "
                 f"n_layers={self.n_layers}, n_decoder_layers={self.n_decoder_layers}"
             )
-        if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
-            raise ValueError(
-                f"share_embeddings needs one vocabulary, but vocab_size={self.vocab_size} and "
-                f"tgt_vocab_size={self.tgt_vocab_size}"
-            )
-        vocab = min(self.vocab_size, self.target_vocab_size)
-        check_token_ids(self, ("pad_id", "bos_id", "eos_id"), vocab)
-
-    @property
-    def target_vocab_size(self) -> int:
-        """The target vocabulary (the shared one unless ``tgt_vocab_size`` is set)."""
-        return self.tgt_vocab_size or self.vocab_size
+        self.check_vocabularies()
 
     @property
     def num_decoder_layers(self) -> int:

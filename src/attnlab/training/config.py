@@ -80,6 +80,22 @@ class TrainConfig(Config):
     # "time": cosine or wsd runs on whichever is further along, steps/steps or training time/
     # max_minutes, so a run that the clock stops early still ends decayed (time budgets)
     schedule_clock: ScheduleClock = "steps"
+    # (wsd with wsd_decay="linear" is the "trapezoidal" schedule: linear warmup, flat, linear
+    # cooldown; Xing et al. 2018, Zhai et al. 2022, the modded-nanogpt speedrun)
+    # -- batch and sequence warmup (attnlab.training.schedules.warmup_size): the first
+    # batch_warmup updates use the first b(step) examples of each micro-batch, growing linearly
+    # from batch_warmup_start to batch_size in multiples of batch_warmup_multiple (under N
+    # processes both must be multiples of N: the global batch does not depend on N); the first
+    # seq_warmup updates the first L(step) positions of each sequence, from seq_warmup_start to
+    # the full length in multiples of seq_warmup_multiple. 0: off (the default). Objectives
+    # that can cut their batches only (causal and masked LM, images for the batch); the data
+    # drawn is the same, so resume stays exact
+    batch_warmup: int = 0
+    batch_warmup_start: int = 1
+    batch_warmup_multiple: int = 1
+    seq_warmup: int = 0
+    seq_warmup_start: int = 16
+    seq_warmup_multiple: int = 8
     # -- regularisation
     label_smoothing: float = 0.1  # §5.4 ε_ls
     clip_grad_norm: float | None = None  # None: no clipping
@@ -126,7 +142,15 @@ class TrainConfig(Config):
             eval_batches=self.eval_batches, early_stopping=self.early_stopping,
             keep_checkpoints=self.keep_checkpoints, log_every=self.log_every,
             checkpoint_every_minutes=self.checkpoint_every_minutes, muon_lr=self.muon_lr,
+            batch_warmup_start=self.batch_warmup_start, seq_warmup_start=self.seq_warmup_start,
+            batch_warmup_multiple=self.batch_warmup_multiple,
+            seq_warmup_multiple=self.seq_warmup_multiple,
         )  # fmt: skip
+        if self.batch_warmup_start > self.batch_size:
+            raise ValueError(
+                f"batch_warmup_start={self.batch_warmup_start} is larger than batch_size="
+                f"{self.batch_size} (the warmup grows the batch up to batch_size)"
+            )
         if not 0.0 <= self.muon_momentum < 1.0:
             raise ValueError(f"muon_momentum must be in [0, 1), got {self.muon_momentum}")
         if self.optimizer == "muon" and self.fsdp:
@@ -147,6 +171,8 @@ class TrainConfig(Config):
             ("eval_every", self.eval_every),
             ("checkpoint_every", self.checkpoint_every),
             ("average_last", self.average_last),
+            ("batch_warmup", self.batch_warmup),
+            ("seq_warmup", self.seq_warmup),
             ("activation_checkpointing", self.activation_checkpointing),
         ):
             if value < 0:

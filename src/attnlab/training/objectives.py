@@ -109,6 +109,10 @@ class Objective(Protocol):
         """The summed loss of ``model`` on ``batch``."""
         ...
 
+    # Optional, for TrainConfig's batch and sequence warmups: ``trimmable`` names what
+    # ``trim(batch, rows, length)`` can cut ("rows", "length"); the trainer refuses a warmup
+    # that the objective cannot apply.
+
 
 # -- streams -------------------------------------------------------------------------------------
 
@@ -197,6 +201,17 @@ def _terms(
     return LossTerms(loss_sum, int(keep.sum()), correct, model_aux_loss(model))
 
 
+def cut_pair(batch: Any, rows: int | None, length: int | None) -> Any:
+    """The first ``rows`` examples and the first ``length`` positions of a batch ``(x, y)`` of
+    two ``(B, T, ...)`` tensors (``None``: all of them); the batch and sequence warmups of
+    :class:`~attnlab.training.TrainConfig`."""
+    x, y = batch
+    rows_slice = slice(None) if rows is None else slice(0, rows)
+    if length is None:
+        return x[rows_slice], y[rows_slice]
+    return x[rows_slice, :length], y[rows_slice, :length]
+
+
 class SampledObjective:
     """Base of the objectives whose batches are random draws of :meth:`sample`."""
 
@@ -228,6 +243,13 @@ class CausalLMObjective(SampledObjective):
     def sample(self, split: Split, batch_size: int, generator: torch.Generator) -> Any:
         block = self.data.blocks(split, batch_size, self.block_size + 1, generator)  # (B, T+1)
         return block[:, :-1], block[:, 1:]
+
+    # batch and sequence warmup: a block's first L positions are a block of length L
+    trimmable = ("rows", "length")
+
+    def trim(self, batch: Any, rows: int | None, length: int | None) -> Any:
+        """The first ``rows`` blocks, cut to their first ``length`` positions."""
+        return cut_pair(batch, rows, length)
 
     def count(self, batch: Any) -> int:
         return int(batch[1].numel())
@@ -282,6 +304,13 @@ class MaskedLMObjective(SampledObjective):
             generator=generator,
         )
 
+    trimmable = ("rows", "length")
+
+    def trim(self, batch: Any, rows: int | None, length: int | None) -> Any:
+        """The first ``rows`` blocks, cut to their first ``length`` positions (the masking
+        drawn for the cut positions is kept, so the data drawn does not change)."""
+        return cut_pair(batch, rows, length)
+
     def count(self, batch: Any) -> int:
         return int((batch[1] != self.ignore_index).sum())
 
@@ -305,6 +334,14 @@ class ClassificationObjective(SampledObjective):
 
     def sample(self, split: Split, batch_size: int, generator: torch.Generator) -> Any:
         return self.data.batch(split, batch_size, generator)
+
+    trimmable = ("rows",)
+
+    def trim(self, batch: Any, rows: int | None, length: int | None) -> Any:
+        """The first ``rows`` images and labels (images have no sequence to cut)."""
+        if length is not None:
+            raise ValueError("image classification has no sequence length to warm up")
+        return cut_pair(batch, rows, None)
 
     def count(self, batch: Any) -> int:
         return int(batch[1].numel())
@@ -383,4 +420,5 @@ __all__ = [
     "Seq2SeqBatch",
     "Seq2SeqObjective",
     "classification_accuracy",
+    "cut_pair",
 ]

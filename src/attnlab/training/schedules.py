@@ -161,6 +161,38 @@ def constant(step: int, *, warmup: int = 0) -> float:
     return min(1.0, step / warmup) if warmup else 1.0
 
 
+def warmup_size(step: int, *, start: int, full: int, steps: int, multiple: int = 1) -> int:
+    """A size that grows linearly from ``start`` to ``full`` over the first ``steps`` updates:
+    the batch-size and sequence-length warmups of :class:`~attnlab.training.TrainConfig`.
+
+    ``step`` is the 0-based index of the update (0: the first one). The size is
+    ``start + (full - start) · step / steps`` rounded down to a multiple of ``multiple`` and
+    clipped to ``[start, full]``; from ``step >= steps`` on (and always when ``steps == 0``) it is
+    ``full``. Rounding keeps the number of distinct shapes small (``multiple`` 8 on a sequence
+    of 128 gives at most 16 shapes, which matters to ``torch.compile`` and to kernel caches).
+
+    Sources: batch-size warmup as in GPT-3 (Brown et al., 2020, appendix B: the batch grows
+    over the first tokens) and sequence-length warmup (Li et al., 2022, "The Stability-
+    Efficiency Dilemma: Investigating Sequence Length Warmup for Training GPT Models"); both
+    ramps appear in the modded-nanogpt speedrun (the attention window grows during training).
+
+    Raises:
+        ValueError: for a negative step or steps, sizes outside ``1 <= start <= full`` or a
+            ``multiple`` below 1.
+    """
+    _check_step(step)
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
+    if not 1 <= start <= full:
+        raise ValueError(f"need 1 <= start <= full, got start={start}, full={full}")
+    if multiple < 1:
+        raise ValueError(f"multiple must be >= 1, got {multiple}")
+    if steps == 0 or step >= steps:
+        return full
+    size = start + (full - start) * step // steps
+    return min(full, max(start, size // multiple * multiple))
+
+
 def make_schedule(name: str, **kwargs: Any) -> Schedule:
     """The schedule ``name`` (``SCHEDULES.keys()``) with its keyword arguments bound.
 
@@ -188,5 +220,6 @@ __all__ = [
     "make_schedule",
     "noam",
     "warmup_cosine",
+    "warmup_size",
     "warmup_stable_decay",
 ]

@@ -57,7 +57,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -84,6 +84,7 @@ from attnlab.training.optim import build_optimizer, build_scheduler, describe_op
 from attnlab.training.progress import Progress
 from attnlab.training.rundir import RunDir
 from attnlab.training.runlock import RunLock, RunOwnedError, acquire
+from attnlab.training.schedules import warmup_size
 from attnlab.transforms.activation_checkpointing import checkpoint_blocks, checkpointed_blocks
 from attnlab.transforms.compile import compile_model
 
@@ -272,6 +273,7 @@ class Trainer:
             self.optimizer, config, d_model=d_model or 1, elapsed_s=lambda: self.elapsed
         )
         self.stream = objective.train_stream(config.batch_size, config.seed)
+        self._check_warmups()
         self.best_value: float | None = None
         self.best_step: int | None = None
         self.evals_since_best = 0
@@ -294,6 +296,54 @@ class Trainer:
                 f"best_metric={self.config.best_metric!r} is not measured by this run; "
                 f"choose one of {known}"
             )
+
+    def _check_warmups(self) -> None:
+        """Refuse a batch or sequence warmup that the objective cannot apply (it lists what
+        its ``trim`` cuts in ``trimmable``)."""
+        c = self.config
+        asked = [n for n, on in (("rows", c.batch_warmup), ("length", c.seq_warmup)) if on]
+        can = getattr(self.objective, "trimmable", ())
+        missing = [n for n in asked if n not in can]
+        if missing:
+            field = {"rows": "batch_warmup", "length": "seq_warmup"}
+            raise ValueError(
+                f"{', '.join(field[n] for n in missing)} cannot apply to "
+                f"{type(self.objective).__name__} (its batches cannot be cut that way); the "
+                "warmups apply to causal and masked language modelling (batch_warmup also to "
+                "image classification)"
+            )
+        world = self.dist.world_size
+        if c.batch_warmup and (c.batch_warmup_start % world or c.batch_warmup_multiple % world):
+            raise ValueError(
+                f"batch_warmup_start={c.batch_warmup_start} and batch_warmup_multiple="
+                f"{c.batch_warmup_multiple} must be multiples of the {world} processes (so "
+                "every warmup batch splits evenly and equals a single process's); e.g. "
+                f"batch_warmup_start={world * max(1, c.batch_warmup_start // world)} "
+                f"batch_warmup_multiple={world}"
+            )
+
+    def warmup_shape(self, step: int, length: int) -> tuple[int | None, int | None]:
+        """The examples and positions that update ``step`` (0-based) uses of a micro-batch of
+        sequences of ``length`` positions, under the batch and sequence warmups (``None``: all;
+        :func:`~attnlab.training.schedules.warmup_size`). They do not depend on the number of
+        processes; each computes its equal share of the rows."""
+        c = self.config
+        rows = cut = None
+        if step < c.batch_warmup:
+            rows = warmup_size(step, start=c.batch_warmup_start, full=c.batch_size,
+                               steps=c.batch_warmup, multiple=c.batch_warmup_multiple)  # fmt: skip
+        if step < c.seq_warmup:
+            cut = warmup_size(step, start=min(c.seq_warmup_start, length), full=length,
+                              steps=c.seq_warmup, multiple=c.seq_warmup_multiple)  # fmt: skip
+        return rows, cut
+
+    def _trim(self, batch: Any) -> Any:
+        """``batch`` cut to this update's warmup shape (unchanged once the warmups end)."""
+        length = int(batch[0].shape[1]) if batch[0].dim() > 1 else 1
+        rows, cut = self.warmup_shape(self.step, length)
+        if rows is None and cut is None:
+            return batch
+        return cast(Any, self.objective).trim(batch, rows, cut)
 
     # -- one update ------------------------------------------------------------------------
 
@@ -325,6 +375,8 @@ class Trainer:
         self.model.train()
         # every process draws the same global micro-batches, so counts are global for free
         micro = [self.stream.next_batch() for _ in range(c.grad_accum)]
+        if c.batch_warmup or c.seq_warmup:  # the same draws, cut (so resume stays exact)
+            micro = [self._trim(b) for b in micro]
         total = sum(self.objective.count(b) for b in micro)
         self.optimizer.zero_grad(set_to_none=True)
         loss_value, aux_value = 0.0, 0.0
