@@ -169,6 +169,21 @@ def test_lsh_gradients_match_the_dense_path_and_k_is_not_used() -> None:
     torch.testing.assert_close(gv, rv, atol=1e-10, rtol=0)
 
 
+def test_lsh_gives_the_unused_key_projection_a_zero_gradient() -> None:
+    """Shared QK leaves k_proj unused; it still gets a gradient (zeros), as DDP requires of
+    every parameter, and the output is unchanged by the zero-weight tie."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 2, backend="lsh")
+    x = torch.randn(2, 12, 16)
+    out, _ = mha(x, is_causal=True)
+    out.square().sum().backward()
+    assert all(p.grad is not None for p in mha.parameters())
+    assert mha.k_proj.weight.grad is not None and not mha.k_proj.weight.grad.any()
+    assert mha.q_proj.weight.grad is not None and mha.q_proj.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        torch.testing.assert_close(mha(x, is_causal=True)[0], out.detach(), atol=0, rtol=0)
+
+
 def test_lsh_refuses_cross_attention_and_attention_weights() -> None:
     q, k, v = _qkv(3, 7, torch.float32)
     with pytest.raises(ValueError, match=r"needs S == T, got T=3, S=7"):

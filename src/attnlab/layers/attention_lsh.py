@@ -6,8 +6,11 @@ vector with an angular locality-sensitive hash and attend only within a hash buc
 1. **Shared QK.** The keys are the unit-normalised queries, ``k_j = q_j / |q_j|`` (the Reformer
    ties the query and key projections so that a query and its key land in the same bucket). The
    ``k`` argument of the backend signature is therefore *not used* (only its shape is checked):
-   a model given ``attn_backend="lsh"`` computes its key projection for nothing, and that
-   projection gets no gradient. Self-attention only: ``S`` must equal ``T`` (no KV cache).
+   a model given ``attn_backend="lsh"`` computes its key projection for nothing. The backend
+   object (:class:`LSHAttention`, what models call) still ties ``k`` into the graph with a zero
+   weight, so that projection gets a zero gradient rather than none: data-parallel training
+   (DDP) needs every parameter to receive one, as the mixture of experts does for idle experts.
+   Self-attention only: ``S`` must equal ``T`` (no KV cache).
 2. **Hash.** One random rotation ``R`` ``(D, n_buckets / 2)`` drawn from ``seed`` (the same for
    every head and call); the bucket of ``x`` is ``argmax([xR; -xR])``.
 3. **Sort** the positions by (bucket, position); cut the sorted sequence into chunks of ``c``.
@@ -253,7 +256,10 @@ class LSHAttention(SparseBackend):
         return {"n_buckets": self.n_buckets, "chunk_size": self.chunk_size, "seed": self.seed}
 
     def _fn(self, q: Tensor, k: Tensor, v: Tensor, **kw: Any) -> Tensor:
-        return lsh_attention(q, k, v, **kw)
+        out = lsh_attention(q, k, v, **kw)
+        if k.requires_grad and k.numel():  # a zero gradient for the unused key projection
+            out = out + 0.0 * k.flatten()[0].to(out.dtype)  # adds exactly 0 to every entry
+        return out
 
     def pattern(self, q: Tensor, *, is_causal: bool) -> Tensor:
         """The ``(B, H, T, T)`` pattern of ``q``'s buckets (:func:`lsh_mask`)."""
