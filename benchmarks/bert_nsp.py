@@ -79,8 +79,8 @@ def write_report(r: dict[str, Any]) -> None:
         f"Written by `benchmarks/bert_nsp.py` (`{r['command']}`; equivalent: "
         f"`{r['equivalent_command']}`). {r['parameters']:,} parameters, batch "
         f"{r['batch_size']} pairs, seed {r['seed']}, {r['steps']} steps in {r['wall_s']} s on "
-        f"{r['machine']} ({r['threads']} threads, torch {r['torch']}); a shared machine, so the "
-        "time is noisy. Validation: the last 10% of the lines, "
+        f"{r['machine']} ({r['threads']} threads, torch {r['torch']}), {r['date']}. "
+        "Validation: the last 10% of the lines, "
         f"{r['data']['lines'] - r['data']['train_lines']:,} of {r['data']['lines']:,}. "
         "Chance NSP accuracy is 50%.",
         "",
