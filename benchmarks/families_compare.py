@@ -20,7 +20,9 @@ Four parts (``--only``), each writing ``benchmarks/results/families_<part>.{md,j
    LSTM's T sequential steps against attention's and the scan's parallelism.
 3. ``recall``: ``attnlab train recall --arch ARCH --kind K --distance d`` for every family, the
    same steps (``--recall-steps``), batch and optimizer; the accuracy is the run's last
-   validation accuracy over ``--recall-eval`` fresh sequences (chance 1/16).
+   validation accuracy over ``--recall-eval`` fresh sequences (chance 1/16). ``--recall-backends``
+   adds the GPTs on other attention backends, ``--recall-options`` their options (the model's
+   ``attn_options``, e.g. a window or block below the distances).
 4. ``decode``: per-token decoding latency through the generation session ``generate`` uses
    (KV cache for the GPTs, the constant state for Mamba/LSTM; batch 1, greedy, after a prefill of
    n tokens; the decode-time weight layout applied as ``generate`` applies it) and the bytes kept
@@ -60,7 +62,7 @@ from attnlab.generation import GenerationConfig
 from attnlab.generation.engines import resolve_engine, runner_for
 from attnlab.generation.recurrent import is_recurrent
 from attnlab.generation.request import eval_mode, open_session, prepare_request
-from attnlab.layers import ATTENTION_BACKENDS
+from attnlab.layers import ATTENTION_BACKENDS, get_attention_backend
 from attnlab.training import Trainer
 from attnlab.training.recipes import prepare, train_recipe
 
@@ -232,8 +234,10 @@ def part_recall(args: argparse.Namespace, meta: dict[str, Any]) -> None:
         for d in args.distances:
             for f in columns:
                 family, _, backend = f.partition("+")
+                options = args.recall_options.get(backend)
                 over = {**QUIET, **args.recall_sizes, "arch": FAMILIES[family], "kind": kind,
                         **({"attn_backend": backend} if backend else {}),
+                        **({"attn_options": {backend: options}} if options else {}),
                         "distance": d, "steps": args.recall_steps,
                         "batch_size": args.recall_batch, "eval_every": 0,
                         "eval_batches": max(1, args.recall_eval // args.recall_batch),
@@ -245,11 +249,16 @@ def part_recall(args: argparse.Namespace, meta: dict[str, Any]) -> None:
                 print(f"recall {kind} d={d} {f}: {acc:.3f} ({result.elapsed_s:.0f} s)")
     md = [f"Accuracy (chance 1/16) after {args.recall_steps} steps of batch {args.recall_batch}, "
           "per distance d (`attnlab train recall`).", ""]  # fmt: skip
+    if args.recall_backends:
+        md += ["Backends: " + "; ".join(
+            f"`{b}`: `{get_attention_backend(b, **args.recall_options.get(b, {}))!r}`"
+            for b in args.recall_backends) + ".", ""]  # fmt: skip
     for kind in args.kinds:
         rows = [[d, *(f"{results[kind][f][d]['accuracy']:.3f}" for f in columns)]
                 for d in args.distances]  # fmt: skip
         md += [f"### {kind}", "", *table(["d", *columns], rows), ""]
-    write(args, "recall", meta, {"steps": args.recall_steps, "results": results}, md)
+    data = {"steps": args.recall_steps, "options": args.recall_options, "results": results}
+    write(args, "recall", meta, data, md)
 
     def draw(path: Path) -> None:
         import matplotlib
@@ -396,6 +405,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--recall-backends", default="",
                    help="recall: also train each GPT family with these attention backends, "
                         "e.g. sparse_strided,sparse_fixed,bigbird,lsh")  # fmt: skip
+    p.add_argument("--recall-options", type=json.loads, default={},
+                   help="recall: the backends' options as JSON, by backend name (the model's "
+                        "attn_options), e.g. '{\"bigbird\": {\"block\": 16}}'")  # fmt: skip
     p.add_argument("--distances", type=ints, default=[4, 16, 64, 256])
     p.add_argument("--recall-steps", type=int, default=1000)
     p.add_argument("--recall-batch", type=int, default=16)
@@ -407,11 +419,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args.families = [x for x in args.families.split(",") if x]
     args.kinds = [x for x in args.kinds.split(",") if x]
     args.recall_backends = [x for x in args.recall_backends.split(",") if x]
+    if not isinstance(args.recall_options, dict):
+        p.error(f"--recall-options must be a JSON object, got {args.recall_options!r}")
     for name, valid in (
         ("only", PARTS),
         ("families", FAMILIES),
         ("kinds", ("copy", "associative")),
         ("recall_backends", ATTENTION_BACKENDS.keys()),
+        ("recall_options", args.recall_backends),
     ):
         bad = sorted(set(getattr(args, name)) - set(valid))
         if bad:

@@ -26,8 +26,13 @@ evaluation iterations' times replaced by the median (its log gives no eval time)
 no seed option (it seeds with 1337): seed s runs a copy whose seed is 1337 + s.
 
 Run it alone on the machine: two processes on 2 cores make every number noise. Results append
-to ``benchmarks/results/time_to_loss.json`` (one record per run, replaced when the same recipe,
-budget and seed run again); ``time_to_loss.md`` and ``time_to_loss.png`` are regenerated.
+to ``benchmarks/results/time_to_loss.json`` (``--out``; one record per run, replaced when the
+same session, recipe, budget and seed run again); ``time_to_loss.md`` and ``time_to_loss.png``
+are regenerated. Records carry their ``--session`` (default: the UTC date) and the CPU, and are
+compared only within a session: hosts differ between sessions, so a comparison that does not fit
+in one session (the ablations take 2.5 hours) is split, each part with its own reference runs,
+e.g. ``--ablate speedrun --techniques muon,wsd,rope`` (the full recipe runs too). The ablation
+table sets each ``R-without-T`` against ``R`` of its session.
 Data: ``$ATTNLAB_DATA`` or ``../shared/data`` (``tinyshakespeare.txt``).
 """
 
@@ -281,10 +286,81 @@ def save(records: list[dict[str, Any]], path: Path) -> None:
     path.write_text(json.dumps(records, indent=1) + "\n")
 
 
+def session_of(record: dict[str, Any]) -> str:
+    """The measuring session a record belongs to (records before sessions were kept: the
+    first one's, 2026-12-06)."""
+    return str(record.get("session", "2026-12-06"))
+
+
+def record_key(r: dict[str, Any]) -> tuple[str, str, float, int]:
+    return (session_of(r), r["recipe"], r["minutes"], r["seed"])
+
+
 def merge(records: list[dict[str, Any]], new: dict[str, Any]) -> list[dict[str, Any]]:
-    key = (new["recipe"], new["minutes"], new["seed"])
-    kept = [r for r in records if (r["recipe"], r["minutes"], r["seed"]) != key]
+    """``records`` with ``new`` added, replacing a record of the same session, recipe, budget
+    and seed."""
+    kept = [r for r in records if record_key(r) != record_key(new)]
     return [*kept, new]
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def ablation_table(
+    groups: dict[tuple[str, str, float], list[dict[str, Any]]],
+) -> list[str]:
+    """Each ``R-without-T`` group against ``R`` of the same session and budget: the change of
+    the final loss when T is taken out (positive: T helps), its spread, and Welch's one-sided
+    p that the recipe without T ends higher."""
+    from attnlab.analysis.stats import summarize, welch_t_test
+
+    rows = []
+    for (session, recipe, minutes), runs in sorted(groups.items()):
+        base, _, technique = recipe.partition("-without-")
+        full = groups.get((session, base, minutes))
+        if not technique or not full:
+            continue
+        without = [r["final_val_loss"] for r in runs]
+        reference = [r["final_val_loss"] for r in full]
+        delta = summarize(without).mean - summarize(reference).mean
+        p = welch_t_test(reference, without).p_less if len(runs) >= 2 <= len(full) else None
+        verdict = "-"
+        if p is not None:
+            verdict = "helps" if p < 0.05 else ("hurts" if 1 - p < 0.05 else "no clear effect")
+        steps = statistics.mean(r["steps"] for r in runs) / statistics.mean(
+            r["steps"] for r in full
+        )
+        rows.append(
+            f"| {technique} | {session} | {minutes:g} | {len(runs)} / {len(full)} | "
+            f"{summarize(without).mean:.4f} ± {summarize(without).std:.4f} | "
+            f"{summarize(reference).mean:.4f} ± {summarize(reference).std:.4f} | {delta:+.4f} | "
+            f"{steps:.2f} | {'-' if p is None else f'{p:.3g}'} | {verdict} |"
+        )
+    if not rows:
+        return []
+    return [
+        "",
+        "## Ablations",
+        "",
+        "Each technique taken out of its recipe alone, against the full recipe measured in the "
+        "same session (hosts differ between sessions). Δ = loss without − loss with: positive "
+        "means the technique helps at this budget. p: Welch's one-sided t-test that the full "
+        'recipe ends lower; "hurts" when the recipe without it is lower at p < 0.05. Steps: '
+        "the ablated run's steps relative to the full recipe's in the same time.",
+        "",
+        "| technique taken out | session | budget min | seeds (without / with) | val loss "
+        "without | val loss with | Δ | steps ratio | p | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        *rows,
+    ]
 
 
 def report(records: list[dict[str, Any]], args: argparse.Namespace, out: Path) -> str:
@@ -301,15 +377,19 @@ def report(records: list[dict[str, Any]], args: argparse.Namespace, out: Path) -
         "same budget.",
         "",
     ]
-    machines = sorted({r.get("machine", "?") for r in records})
-    lines += [f"Host: {m}." for m in machines] + [""]
-    header = "| recipe | budget min | seeds | steps | val loss at budget | min / max |"
+    sessions: dict[str, set[str]] = {}
+    for r in records:
+        sessions.setdefault(session_of(r), set()).add(r.get("cpu") or r.get("machine", "?"))
+    lines += [f"Session {k}: {', '.join(sorted(v))}." for k, v in sorted(sessions.items())]
+    lines += [""]
+    header = "| session | recipe | budget min | seeds | steps | val loss at budget | min / max |"
     header += "".join(f" s to {t:g} |" for t in targets) + " p vs baseline |"
     lines += [header, "|" + "---|" * (header.count("|") - 1)]
-    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
     for r in records:
-        groups.setdefault((r["recipe"], r["minutes"]), []).append(r)
-    for (recipe, minutes), runs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        groups.setdefault((session_of(r), r["recipe"], r["minutes"]), []).append(r)
+    order = sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][1]))
+    for (session, recipe, minutes), runs in order:
         finals = [r["final_val_loss"] for r in runs]
         s = summarize(finals)
         cells = []
@@ -317,15 +397,17 @@ def report(records: list[dict[str, Any]], args: argparse.Namespace, out: Path) -
             reached = [time_to([tuple(p) for p in r["curve"]], target) for r in runs]
             got = [x for x in reached if x is not None]
             cells.append(f"{statistics.mean(got):.0f} ({len(got)}/{len(runs)})" if got else "-")
-        base = groups.get((args.baseline, minutes))
+        base = groups.get((session, args.baseline, minutes))
         p = "-"
         if base and recipe != args.baseline and len(base) >= 2 and len(runs) >= 2:
             p = f"{welch_t_test(finals, [b['final_val_loss'] for b in base]).p_less:.3g}"
         steps = statistics.mean(r["steps"] for r in runs)
         lines.append(
-            f"| {recipe} | {minutes:g} | {len(runs)} | {steps:.0f} | {s.mean:.4f} ± {s.std:.4f} | "
+            f"| {session} | {recipe} | {minutes:g} | {len(runs)} | {steps:.0f} | "
+            f"{s.mean:.4f} ± {s.std:.4f} | "
             f"{s.low:.4f} / {s.high:.4f} |" + "".join(f" {c} |" for c in cells) + f" {p} |"
         )
+    lines += ablation_table(groups)
     lines += ["", "Commands: " + ", ".join(sorted({f"`{r['command']}`" for r in records}))]
     text = "\n".join(lines) + "\n"
     (out.with_suffix(".md")).write_text(text)
@@ -333,7 +415,7 @@ def report(records: list[dict[str, Any]], args: argparse.Namespace, out: Path) -
     return text
 
 
-def plot(groups: dict[tuple[str, float], list[dict[str, Any]]], path: Path) -> None:
+def plot(groups: dict[tuple[str, str, float], list[dict[str, Any]]], path: Path) -> None:
     try:
         import matplotlib
 
@@ -342,11 +424,11 @@ def plot(groups: dict[tuple[str, float], list[dict[str, Any]]], path: Path) -> N
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for (recipe, minutes), runs in sorted(groups.items()):
+    for n, ((session, recipe, minutes), runs) in enumerate(sorted(groups.items())):
         for i, r in enumerate(runs):
             xs, ys = zip(*r["curve"], strict=True)
-            ax.plot([x / 60 for x in xs], ys, color=f"C{sorted(groups).index((recipe, minutes))}",
-                    alpha=0.7, label=f"{recipe} ({minutes:g} min)" if i == 0 else None)  # fmt: skip
+            ax.plot([x / 60 for x in xs], ys, color=f"C{n % 10}", alpha=0.7,
+                    label=f"{recipe} ({minutes:g} min, {session})" if i == 0 else None)  # fmt: skip
     ax.set(xlabel="training minutes", ylabel="validation loss", ylim=(1.4, 2.6),
            title="Tiny Shakespeare (char): validation loss against time")  # fmt: skip
     ax.axhline(1.4697, color="gray", ls=":", lw=1, label="nanoGPT 10.7M on a GPU (1.4697)")
@@ -361,6 +443,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipes", default="", help="comma-separated: " + ", ".join(RECIPES))
     parser.add_argument("--ablate", default=None, help="a recipe: run it without each technique")
+    parser.add_argument(
+        "--techniques",
+        default="",
+        help="--ablate: only these techniques (default: all of the recipe's)",
+    )
     parser.add_argument("--nanogpt", type=Path, default=None, help="a nanoGPT checkout")
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--seeds", default="0,1,2")
@@ -371,6 +458,9 @@ def main() -> None:
     parser.add_argument("--steps-per-s", type=float, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS / "time_to_loss.json")
     parser.add_argument("--report", action="store_true", help="only rewrite the tables")
+    parser.add_argument("--session", default=time.strftime("%Y-%m-%d", time.gmtime()),
+                        help="the measuring session's name (default: today, UTC): records are "
+                             "compared only within a session")  # fmt: skip
     args = parser.parse_args()
     import torch
 
@@ -378,7 +468,12 @@ def main() -> None:
     records = load(args.out)
     names = [n for n in args.recipes.split(",") if n]
     if args.ablate:
-        names += [args.ablate] + [f"{args.ablate}-without-{t}" for t in ablations_of(args.ablate)]
+        techniques = ablations_of(args.ablate)
+        chosen = [t for t in args.techniques.split(",") if t] or list(techniques)
+        unknown = sorted(set(chosen) - set(techniques))
+        if unknown:
+            parser.error(f"--techniques: unknown {unknown}; {args.ablate} has {list(techniques)}")
+        names += [args.ablate] + [f"{args.ablate}-without-{t}" for t in chosen]
     jobs: list[tuple[str, int]] = [(n, int(s)) for s in args.seeds.split(",") for n in names]
     if args.nanogpt:
         jobs += [("nanogpt", int(s)) for s in args.seeds.split(",")]
@@ -391,6 +486,8 @@ def main() -> None:
         record.update(
             command=command,
             machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus",
+            cpu=f"{cpu_model()}, {os.cpu_count()} cpus",
+            session=args.session,
             threads=torch.get_num_threads(),
             torch=torch.__version__,
             date=time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -4,10 +4,11 @@ Configs are ``@dataclass(frozen=True, kw_only=True)`` classes deriving from :cla
 ``__post_init__`` checks every field against its annotation first (:func:`check_field_types`:
 an ``int`` must be an integer, not ``True`` or ``2.0`` or ``"64"``; a ``float`` a finite number;
 a ``bool`` ``true`` or ``false``; a ``Literal`` one of its values; ``None`` only where the
-annotation allows it; a JSON list becomes a tuple), then runs the class's own
-:meth:`Config.validate` (ranges, cross-field rules). Errors are ``TypeError``/``ValueError``
-naming the field, the bad value and what was expected (never an ``assert``). Configs serialise
-with :func:`config_to_dict` and load with :func:`config_from_dict`, which rejects unknown keys.
+annotation allows it; a JSON list becomes a tuple; a ``dict`` field takes a mapping, copied),
+then runs the class's own :meth:`Config.validate` (ranges, cross-field rules). Errors are
+``TypeError``/``ValueError`` naming the field, the bad value and what was expected (never an
+``assert``). Configs serialise with :func:`config_to_dict` and load with
+:func:`config_from_dict`, which rejects unknown keys.
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ def _describe(hint: Any) -> str:
         return "one of " + repr(list(typing.get_args(hint)))
     if typing.get_origin(hint) is tuple:
         return "a list"
+    if typing.get_origin(hint) is dict:
+        return "a mapping (a JSON object)"
     return getattr(hint, "__name__", str(hint))
 
 
@@ -141,6 +144,20 @@ def _coerce(name: str, value: Any, hint: Any) -> tuple[bool, Any]:
                 raise TypeError(f"{name}[{i}] must be {_describe(element)}, got {item!r}")
             items.append(item)
         return True, tuple(items)
+    if origin is dict:
+        if not isinstance(value, dict):
+            return False, value
+        key_hint, value_hint = typing.get_args(hint) or (Any, Any)
+        entries = {}
+        for key, item in value.items():
+            ok, key = _coerce(f"{name} key", key, key_hint)
+            if not ok:
+                raise TypeError(f"{name} key {key!r} must be {_describe(key_hint)}")
+            ok, item = _coerce(f"{name}[{key!r}]", item, value_hint)
+            if not ok:
+                raise TypeError(f"{name}[{key!r}] must be {_describe(value_hint)}, got {item!r}")
+            entries[key] = item
+        return True, entries  # a copy: the caller's mapping cannot change the config later
     if isinstance(hint, type):
         return isinstance(value, hint), value
     return True, value  # an annotation this checker does not know: left to validate()

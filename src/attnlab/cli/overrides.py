@@ -4,15 +4,16 @@ A recipe takes every field of its options, its :class:`~attnlab.training.TrainCo
 model config as a flag: ``--key=value`` or ``--key value``, the key in ``--kebab-case`` (the
 ``--snake_case`` spelling of attnlab 0.1 still works, with a one-line deprecation note);
 ``--section.key`` where a name is in two sections; booleans also as bare ``--key`` /
-``--no-key``; ``none``/``null`` for optional values; tuples as ``0.9,0.98``. Values are parsed
-by the field's annotation (:func:`coerce`); what a value means is then checked by the config
-itself, so errors name the flag and the valid values.
+``--no-key``; ``none``/``null`` for optional values; tuples as ``0.9,0.98``; mappings as a JSON
+object. Values are parsed by the field's annotation (:func:`coerce`); what a value means is then
+checked by the config itself, so errors name the flag and the valid values.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import re
 import sys
 import types
@@ -87,6 +88,8 @@ def describe(hint: Any) -> str:
         elif typing.get_origin(a) is tuple:
             args = [x for x in typing.get_args(a) if x is not Ellipsis]
             parts.append(",".join(getattr(x, "__name__", str(x)) for x in args) + ",...")
+        elif typing.get_origin(a) is dict:
+            parts.append("json")
         else:
             parts.append(getattr(a, "__name__", str(a)))
     return "|".join(parts) + ("|none" if optional else "")
@@ -140,6 +143,14 @@ def _coerce_one(text: str, hint: Any) -> Any:
         args = [a for a in typing.get_args(hint) if a is not Ellipsis] or [str]
         items = text.replace(",", " ").split()
         return tuple(_coerce_one(t, args[min(i, len(args) - 1)]) for i, t in enumerate(items))
+    if typing.get_origin(hint) is dict:  # a JSON object: '{"bigbird": {"block": 16}}'
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = None
+        if not isinstance(value, dict):
+            raise ValueError(f"expected a JSON object such as '{{\"key\": 1}}', got {text!r}")
+        return value
     return text
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from torch import nn
 
 from attnlab.interop.keymap import KeyMap
+from attnlab.layers.attention_backends import FULL_ATTENTION_BACKENDS
 
 # Hugging Face ``hidden_act`` / ``activation_function`` -> attnlab activation, and back.
 HF_ACTIVATIONS = {
@@ -113,7 +114,9 @@ def require(condition: bool, family: str, what: str) -> None:
 
 
 def refuse_unexported_options(config: Any) -> None:
-    """Raise when ``config`` turns on an option of :data:`NO_HF_EQUIVALENT`.
+    """Raise when ``config`` turns on an option of :data:`NO_HF_EQUIVALENT`, or attends
+    through a backend outside :data:`~attnlab.layers.FULL_ATTENTION_BACKENDS` (a window, a
+    sparse pattern, LSH buckets, linear attention: another function than the exported one's).
 
     Raises:
         UnsupportedCheckpointError: naming the options and their values.
@@ -123,6 +126,15 @@ def refuse_unexported_options(config: Any) -> None:
         for name, off in NO_HF_EQUIVALENT.items()
         if getattr(config, name, off) != off
     ]
+    # a window, a sparse pattern, LSH buckets or linear attention is another function: every
+    # exported family attends to every key
+    used = [
+        getattr(config, "attn_backend", "sdpa"),
+        *(getattr(config, "attn_layer_backends", None) or ()),
+    ]
+    restricted = [b for b in dict.fromkeys(used) if b not in FULL_ATTENTION_BACKENDS]
+    if restricted:
+        on.append(f"attention backend {'/'.join(map(repr, restricted))}")
     if on:
         raise UnsupportedCheckpointError(
             f"this model has no Hugging Face equivalent in attnlab's exporters: {', '.join(on)} "

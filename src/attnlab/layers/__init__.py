@@ -7,6 +7,7 @@ from attnlab.layers.attention import scaled_dot_product_attention
 from attnlab.layers.attention_backends import (
     ATTENTION_BACKEND_FACTORIES,
     ATTENTION_BACKENDS,
+    FULL_ATTENTION_BACKENDS,
     get_attention_backend,
 )
 
@@ -55,6 +56,7 @@ __all__ = [
     "ACTIVATIONS",
     "ATTENTION_BACKENDS",
     "ATTENTION_BACKEND_FACTORIES",
+    "FULL_ATTENTION_BACKENDS",
     "NORMS",
     "POSITIONAL_ENCODINGS",
     "ALiBi",

@@ -63,6 +63,11 @@ ATTENTION_BACKEND_FACTORIES: Registry[Callable[..., AttentionBackend]] = Registr
     "configurable attention backend"
 )
 
+# The backends that compute eq. (1) over every key the mask allows (the others restrict or
+# approximate it: a window, a sparse pattern, buckets, a kernel feature map). A model on any of
+# these computes the same function, so it has the same Hugging Face equivalent.
+FULL_ATTENTION_BACKENDS: tuple[str, ...] = ("math", "sdpa", "chunked")
+
 
 @ATTENTION_BACKENDS.register("math")
 def math_attention(
@@ -169,6 +174,7 @@ def get_attention_backend(backend: str | AttentionBackend, **options: Any) -> At
 __all__: list[str] = [
     "ATTENTION_BACKENDS",
     "ATTENTION_BACKEND_FACTORIES",
+    "FULL_ATTENTION_BACKENDS",
     "AttentionBackend",
     "get_attention_backend",
     "math_attention",

@@ -2,13 +2,13 @@
 
 :class:`StackConfig` holds the fields every family has (``d_model, n_heads, n_kv_heads, n_layers,
 d_ff, dropout, attn_dropout, norm, norm_eps, norm_position, final_norm, activation, attn_backend,
-attn_window, attn_layer_backends, bias, qk_norm``), validates them once (types from the
-annotations, see :mod:`attnlab.config`; then ranges and the registries' choices) and derives
-``d_head`` and the final-norm rule. Each model file's config derives from it, changes defaults
-and adds its own fields; it is the only place a model reads its config.
+attn_window, attn_options, attn_layer_backends, bias, qk_norm``), validates them once (types
+from the annotations, see :mod:`attnlab.config`; then ranges and the registries' choices) and
+derives ``d_head`` and the final-norm rule. Each model file's config derives from it, changes
+defaults and adds its own fields; it is the only place a model reads its config.
 
 The builders turn a config into layers: :func:`attention` (the backend of each layer, with its
-window), :func:`feed_forward`, :func:`norm`, and the blocks :func:`encoder_layer` /
+window and its options), :func:`feed_forward`, :func:`norm`, and the blocks :func:`encoder_layer` /
 :func:`decoder_layer`, which are assembled from those parts.
 
 Mixture-of-Experts (issue 23) is a field group of every stack (``n_experts``, ``top_k``,
@@ -25,6 +25,7 @@ size D per norm (Qwen3's form; the speedrun's norm has no weight, which equals t
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -68,6 +69,8 @@ class StackConfig(Config):
     activation: str = "relu"
     attn_backend: str = "sdpa"
     attn_window: int | None = None  # keys per query of the "sliding_window" backend
+    # options of the configurable backends, by backend name: {"bigbird": {"block": 16}}
+    attn_options: dict[str, dict[str, Any]] | None = None
     attn_layer_backends: tuple[str, ...] | None = None  # per-layer override of attn_backend
     bias: bool = True  # biases in the linears and LayerNorms
     qkv_bias: bool | None = None  # biases on q/k/v only; None: same as bias (Qwen2: True)
@@ -163,6 +166,23 @@ class StackConfig(Config):
                     f"attn_window={self.attn_window} needs the 'sliding_window' backend, "
                     f"but the model uses {sorted(names)}"
                 )
+        for name, options in (self.attn_options or {}).items():
+            check_choice("attn_options key", name, ATTENTION_BACKEND_FACTORIES.keys())
+            if name not in names:
+                raise ValueError(
+                    f"attn_options has options for {name!r}, but the model uses {sorted(names)}"
+                )
+            if not isinstance(options, dict):
+                raise TypeError(
+                    f"attn_options[{name!r}] must be a mapping of option names to values, "
+                    f"got {options!r}"
+                )
+            if name == "sliding_window" and "window" in options and self.attn_window is not None:
+                raise ValueError(
+                    "attn_window and attn_options['sliding_window']['window'] both set the "
+                    "window; give one"
+                )
+            backend_options(self, name)  # builds it once: the backend checks its own options
 
     def _validate_positions(self, pos_encoding: str) -> None:
         """Checks of a ``pos_encoding`` field (and of RoPE's fields, where the config has them)."""
@@ -190,6 +210,15 @@ def check_token_ids(config: object, names: tuple[str, ...], vocab_size: int) -> 
         tok = getattr(config, name)
         if tok is not None and not 0 <= tok < vocab_size:
             raise ValueError(f"{name}={tok} is outside the vocabulary [0, {vocab_size})")
+
+
+def check_pair_batch(src: Tensor, tgt: Tensor) -> None:
+    """Raise ``ValueError`` when the ``(B, S)`` source and the ``(B, T)`` target ids of an
+    encoder-decoder hold different numbers of sequences (other shapes: the embedding's check)."""
+    if src.dim() == tgt.dim() == 2 and src.shape[0] != tgt.shape[0]:
+        raise ValueError(
+            f"src and tgt batch sizes differ: {tuple(src.shape)} and {tuple(tgt.shape)}"
+        )
 
 
 class Seq2SeqVocabulary:
@@ -263,12 +292,38 @@ def token_loss(
     )
 
 
+def backend_options(c: StackConfig, name: str) -> AttentionBackend:
+    """The backend ``name`` built with the options ``c`` gives it (``attn_options[name]``, and
+    ``attn_window`` for ``"sliding_window"``); the registered default when it has none.
+
+    Raises:
+        ValueError: for an option the backend does not take, or a value it refuses (naming
+            the backend and the option).
+    """
+    options = dict((c.attn_options or {}).get(name, {}))
+    if name == "sliding_window" and c.attn_window:
+        options["window"] = c.attn_window
+    if not options:
+        return get_attention_backend(name)
+    try:
+        return get_attention_backend(name, **options)
+    except TypeError as e:
+        factory = ATTENTION_BACKEND_FACTORIES.get(name)
+        valid = [p for p in inspect.signature(factory).parameters if not p.startswith("_")]
+        bad = sorted(set(options) - set(valid))
+        if not bad:
+            raise ValueError(f"attn_options[{name!r}]: {e}") from None
+        raise ValueError(
+            f"attn_options[{name!r}]: unknown option(s) {bad}; {name!r} takes {valid}"
+        ) from None
+    except ValueError as e:
+        raise ValueError(f"attn_options[{name!r}]: {e}") from None
+
+
 def layer_backend(c: StackConfig, layer: int) -> AttentionBackend:
-    """The attention backend of layer ``layer`` (per-layer override, with the window option)."""
+    """The attention backend of layer ``layer`` (per-layer override, with its options)."""
     name = c.attn_backend if c.attn_layer_backends is None else c.attn_layer_backends[layer]
-    if name in ATTENTION_BACKEND_FACTORIES and name == "sliding_window" and c.attn_window:
-        return get_attention_backend(name, window=c.attn_window)
-    return get_attention_backend(name)
+    return backend_options(c, name)
 
 
 def layer_window(c: StackConfig, layer: int) -> int | None:

@@ -54,6 +54,7 @@ from attnlab.layers.recurrent_attention import AdditiveAttention, BilinearAttent
 from attnlab.models.base import GenerationMixin, PretrainedModel
 from attnlab.models.common import (
     Seq2SeqVocabulary,
+    check_pair_batch,
     check_size,
     seq2seq_inputs,
     token_loss,
@@ -327,10 +328,7 @@ class RNNSeq2Seq(GenerationMixin, PretrainedModel):
         Raises:
             ValueError: for ids outside the vocabulary, masks or targets of the wrong shape.
         """
-        if src.dim() == tgt.dim() == 2 and src.shape[0] != tgt.shape[0]:
-            raise ValueError(
-                f"src and tgt batch sizes differ: {tuple(src.shape)} and {tuple(tgt.shape)}"
-            )
+        check_pair_batch(src, tgt)
         src_mask = self.default_src_mask(src) if src_mask is None else src_mask
         logits = self.decode(tgt, self.encode(src, src_mask=src_mask), src_mask=src_mask)
         loss = None

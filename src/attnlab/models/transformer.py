@@ -35,6 +35,7 @@ from attnlab.models.base import GenerationMixin, PretrainedModel
 from attnlab.models.common import (
     Seq2SeqVocabulary,
     StackConfig,
+    check_pair_batch,
     check_size,
     decoder_layer,
     encoder_layer,
@@ -283,10 +284,7 @@ class EncoderDecoderTransformer(GenerationMixin, PretrainedModel):
         Raises:
             ValueError: for ids outside the vocabulary, masks or targets of the wrong shape.
         """
-        if src.dim() == tgt.dim() == 2 and src.shape[0] != tgt.shape[0]:
-            raise ValueError(
-                f"src and tgt batch sizes differ: {tuple(src.shape)} and {tuple(tgt.shape)}"
-            )
+        check_pair_batch(src, tgt)
         src_mask = self.default_src_mask(src) if src_mask is None else src_mask
         memory = self.encode(src, src_mask=src_mask)
         logits = self.decode(tgt, memory, src_mask=src_mask, tgt_mask=tgt_mask)
