@@ -14,7 +14,10 @@ other, through the public command line so that every number comes from a recorde
    every run);
 2. ``attnlab translate RUN --checkpoint averaged --eval test_2016_flickr --beam 4 --alpha 0.6``
    (sacreBLEU, cased and lowercased);
-3. writes ``<results-dir>/<name>.{json,md}`` (machine, threads, versions, per model: steps,
+3. at equal steps (the last step every run was validated at): the validation records, and with
+   ``--equal-steps-test`` (after the runs) each run's checkpoint of that step scored on the test
+   split like step 2;
+4. writes ``<results-dir>/<name>.{json,md}`` (machine, threads, versions, per model: steps,
    parameters, training and decoding time, BLEU, commands), ``<results-dir>/course/<name>.json``
    (what the course page ``01b-seq2seq-attention`` reads) and ``translate_rnn_alignment.png``: for
    the first ``--examples`` test sentences, teacher-forced on the reference, the RNN's attention
@@ -31,6 +34,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -81,14 +85,20 @@ def train(arch: str, run: Path, data: Path, args: argparse.Namespace, extra: lis
     }
 
 
-def evaluate(run: Path, data: Path, beam: int, limit: int | None) -> dict[str, Any]:
-    scores, hyps = run / "eval" / "test.json", run / "eval" / "test.txt"
+def evaluate(
+    run: Path, data: Path, beam: int, limit: int | None, *, model: Path | None = None
+) -> dict[str, Any]:
+    """BLEU on the test split of the run's averaged checkpoint, or of the model directory
+    ``model`` (its outputs go beside it)."""
+    where = model.parent / model.name if model is not None else run / "eval" / "test"
+    scores, hyps = where.with_suffix(".json"), where.with_suffix(".txt")
     scores.parent.mkdir(exist_ok=True)
     decoding = ["--beam", str(beam), "--alpha", "0.6"] if beam > 1 else ["--greedy"]
     limited = ["--limit", str(limit)] if limit else []
-    command, _ = attnlab(["translate", str(run), "--checkpoint", "averaged", "--eval", SPLIT,
-                          "--data", str(data), *decoding, *limited, "--no-progress",
-                          "--output", str(hyps), "--json", str(scores)])  # fmt: skip
+    which = [str(model)] if model is not None else [str(run), "--checkpoint", "averaged"]
+    command, _ = attnlab(["translate", *which, "--eval", SPLIT, "--data", str(data), *decoding,
+                          *limited, "--no-progress", "--output", str(hyps),
+                          "--json", str(scores)])  # fmt: skip
     s = json.loads(scores.read_text())
     keep = ("bleu", "bleu_lowercase", "signature", "signature_lowercase", "seconds",
             "n_sentences", "decoding", "step")  # fmt: skip
@@ -149,6 +159,24 @@ def alignment(runs: dict[str, Path], data: Path, indices: list[int], path: Path)
     return out
 
 
+def checkpoint_model(run: Path, step: int) -> Path:
+    """A model directory (``<run>/eval/step_N``) made from the run's checkpoint at ``step``:
+    its weights and config, the run's tokenizer and the export record ``translate`` reads."""
+    checkpoint = run / "checkpoints" / f"step_{step:08d}"
+    if not (checkpoint / "model.safetensors").is_file():
+        have = sorted(p.name for p in (run / "checkpoints").glob("step_*"))
+        raise SystemExit(f"{run}: no checkpoint at step {step} (have: {have})")
+    model = run / "eval" / f"step_{step:08d}"
+    model.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy2(checkpoint / name, model / name)
+    shutil.copy2(run / "tokenizer.json", model / "tokenizer.json")
+    last = json.loads((run / "last" / "export.json").read_text())
+    info = {k: last[k] for k in ("recipe", "src", "tgt", "data") if k in last}
+    (model / "export.json").write_text(json.dumps({**info, "kind": "checkpoint", "step": step}))
+    return model
+
+
 def equal_steps(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The comparison at equal steps, from the runs' own validation records: the last step at
     which every model was evaluated, with each one's validation loss and greedy BLEU on the
@@ -158,8 +186,13 @@ def equal_steps(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None
     step = max(common)
     at = {r["arch"]: next(c for c in r["training"]["val_curve"] if c["step"] == step) for r in rows}
+    test = {r["arch"]: r["test_equal_steps"] for r in rows
+            if r.get("test_equal_steps", {}).get("step") == step}  # fmt: skip
     return {"step": step, "rows": [{"arch": a, "val_loss": c["loss"], "val_bleu_greedy":
-                                    c.get("bleu")} for a, c in at.items()]}  # fmt: skip
+                                    c.get("bleu"), **({"test_bleu": test[a]["bleu"],
+                                    "test_bleu_lowercase": test[a]["bleu_lowercase"]}
+                                    if a in test else {})}
+                                   for a, c in at.items()]}  # fmt: skip
 
 
 def machine() -> dict[str, Any]:
@@ -207,14 +240,21 @@ def markdown(result: dict[str, Any]) -> str:
     if same:
         lines += ["", f"At equal steps ({same['step']:,}, the last step every model was "
                   "evaluated at): validation loss over all validation pairs and greedy BLEU on "
-                  "the first 200 validation sentences, from the runs' own records.", "",
-                  "| arch | val loss | val BLEU (greedy, cased) |", "|---|---:|---:|"]  # fmt: skip
+                  "the first 200 validation sentences, from the runs' own records; test BLEU: "
+                  f"the checkpoint of that step (not averaged) on {SPLIT}, beam 4, like the "
+                  "table above (`--equal-steps-test`).", "",
+                  "| arch | val loss | val BLEU (greedy, cased) | test BLEU cased (lowercased) |",
+                  "|---|---:|---:|---:|"]  # fmt: skip
         for r in same["rows"]:
             bleu = "-" if r["val_bleu_greedy"] is None else f"{r['val_bleu_greedy']:.2f}"
-            lines.append(f"| {r['arch']} | {r['val_loss']:.3f} | {bleu} |")
+            test = (f"{r['test_bleu']:.2f} ({r['test_bleu_lowercase']:.2f})"
+                    if "test_bleu" in r else "-")  # fmt: skip
+            lines.append(f"| {r['arch']} | {r['val_loss']:.3f} | {bleu} | {test} |")
     lines += ["", "Commands:", ""]
     for r in result["rows"]:
         lines += [f"- `{r['training']['command']}`", f"- `{r['test']['command']}`"]
+        if "test_equal_steps" in r:
+            lines += [f"- `{r['test_equal_steps']['command']}`"]
     if result.get("image"):
         lines += ["", f"![alignment]({result['image']})"]
     return "\n".join(lines) + "\n"
@@ -234,11 +274,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image", default="translate_rnn_alignment.png", help="picture's name")
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite the .md and course JSON from the recorded .json")  # fmt: skip
+    parser.add_argument("--equal-steps-test", action="store_true",
+                        help="score each recorded run's checkpoint at the equal-steps step on "
+                             "the test split, then rewrite the reports")  # fmt: skip
     args, extra = parser.parse_known_args(argv)
     extra = [x for x in extra if x != "--"]
     results: Path = args.results_dir
-    if args.report_only:
+    if args.report_only or args.equal_steps_test:
         result = json.loads((results / f"{args.name}.json").read_text())
+        if args.equal_steps_test:  # the test split at the equal-steps checkpoint of each run
+            same = equal_steps(result["rows"])
+            if same is None:
+                parser.error("the recorded runs have no step in common")
+            data = args.data or default_data()
+            for r in result["rows"]:
+                run = results / "runs" / f"{args.name}-{r['arch']}"
+                model = checkpoint_model(run, same["step"])
+                r["test_equal_steps"] = {**evaluate(run, data, args.beam, args.limit,
+                                                    model=model), "step": same["step"]}  # fmt: skip
         return write(result, results, args.name)
     if args.minutes <= 0 and args.steps is None:
         parser.error("give a budget: --minutes > 0 and/or --steps")

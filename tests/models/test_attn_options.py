@@ -165,3 +165,22 @@ def test_hf_export_names_a_per_layer_backend(tmp_path: Path) -> None:
 def test_hf_export_keeps_full_attention_backends(name: str, tmp_path: Path) -> None:
     save_hf(attnlab.build_model(_gpt(attn_backend=name)), tmp_path / "hf")
     assert (tmp_path / "hf" / "config.json").is_file()
+
+
+def test_attnlab_train_takes_attn_options(tmp_path: Path) -> None:
+    """``attnlab train recall --attn-backend bigbird --attn-options '<JSON>'`` trains a model
+    whose layers have those options, saved in the run's checkpoint."""
+    from attnlab.cli.overrides import parse_overrides
+    from attnlab.cli.train import recipe_types
+    from attnlab.training.recipes import get_recipe, train_recipe
+
+    recipe = get_recipe("recall")
+    tokens = ["--attn-backend", "bigbird", "--attn-options", '{"bigbird": {"block": 8}}']
+    overrides = parse_overrides(tokens, recipe_types(recipe))
+    assert overrides == {"attn_backend": "bigbird", "attn_options": {"bigbird": {"block": 8}}}
+    prepared, _ = train_recipe("recall", tmp_path / "run", {
+        **overrides, "distance": 8, "steps": 2, "batch_size": 2, "eval_every": 0,
+        "eval_batches": 1, "warmup": 1, "progress": False})  # fmt: skip
+    assert prepared.model.layers[0].self_attn.backend.block == 8  # type: ignore[union-attr,index]
+    saved = next((tmp_path / "run" / "checkpoints").glob("step_*")) / "config.json"
+    assert json.loads(saved.read_text())["attn_options"] == {"bigbird": {"block": 8}}
