@@ -57,7 +57,7 @@ from torch import nn
 
 import attnlab
 from attnlab import kernels as woq_kernels
-from attnlab.analysis.attention_bench import describe_machine, machine_info
+from attnlab.analysis.attention_bench import cpu_model, describe_machine, machine_info
 from attnlab.generation import stream
 from attnlab.generation.engines import DecodeSession
 from attnlab.transforms import quantize, quantized_weight_bytes
@@ -405,16 +405,6 @@ def format_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
 def _competitors(
     ours: nn.Module, hf: Any, args: argparse.Namespace
 ) -> tuple[dict[str, Run], dict[str, int]]:
@@ -482,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = machine_info() | {
         "transformers": transformers.__version__,
         "threads": torch.get_num_threads(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "model": "smoke (d_model 64)" if args.smoke else args.model,
         "prompt_len": args.prompt_len,

@@ -303,17 +303,6 @@ def merge(records: list[dict[str, Any]], new: dict[str, Any]) -> list[dict[str, 
     return [*kept, new]
 
 
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), or the platform's processor string."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def ablation_table(
     groups: dict[tuple[str, str, float], list[dict[str, Any]]],
 ) -> list[str]:
@@ -464,6 +453,8 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
+    from attnlab.analysis.attention_bench import cpu_model
+
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)))
     records = load(args.out)
     names = [n for n in args.recipes.split(",") if n]
@@ -486,7 +477,7 @@ def main() -> None:
         record.update(
             command=command,
             machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus",
-            cpu=f"{cpu_model()}, {os.cpu_count()} cpus",
+            cpu=f"{cpu_model()}, {os.cpu_count()} cpus",  # hosts differ between sessions
             session=args.session,
             threads=torch.get_num_threads(),
             torch=torch.__version__,

@@ -33,6 +33,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 RESULT_MARKER = "ATTNLAB_BENCH_RESULT "
@@ -322,6 +323,18 @@ def run_case(config: BenchConfig, backend: str, n: int, mode: str) -> CaseResult
     return res
 
 
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (hosts of one kind differ in it), else the
+    platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine_info() -> dict[str, Any]:
     """Machine, versions and the command line, recorded with every result."""
     import torch
@@ -331,6 +344,7 @@ def machine_info() -> dict[str, Any]:
     return {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -358,6 +372,7 @@ __all__ = [
     "BenchConfig",
     "CaseResult",
     "backend_options",
+    "cpu_model",
     "estimate_peak_bytes",
     "machine_info",
     "measure_case",
