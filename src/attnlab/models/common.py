@@ -172,17 +172,12 @@ class StackConfig(Config):
                 raise ValueError(
                     f"attn_options has options for {name!r}, but the model uses {sorted(names)}"
                 )
-            if not isinstance(options, dict):
-                raise TypeError(
-                    f"attn_options[{name!r}] must be a mapping of option names to values, "
-                    f"got {options!r}"
-                )
             if name == "sliding_window" and "window" in options and self.attn_window is not None:
                 raise ValueError(
                     "attn_window and attn_options['sliding_window']['window'] both set the "
                     "window; give one"
                 )
-            backend_options(self, name)  # builds it once: the backend checks its own options
+            configured_backend(self, name)  # built once: the backend checks its own options
 
     def _validate_positions(self, pos_encoding: str) -> None:
         """Checks of a ``pos_encoding`` field (and of RoPE's fields, where the config has them)."""
@@ -292,7 +287,7 @@ def token_loss(
     )
 
 
-def backend_options(c: StackConfig, name: str) -> AttentionBackend:
+def configured_backend(c: StackConfig, name: str) -> AttentionBackend:
     """The backend ``name`` built with the options ``c`` gives it (``attn_options[name]``, and
     ``attn_window`` for ``"sliding_window"``); the registered default when it has none.
 
@@ -323,7 +318,7 @@ def backend_options(c: StackConfig, name: str) -> AttentionBackend:
 def layer_backend(c: StackConfig, layer: int) -> AttentionBackend:
     """The attention backend of layer ``layer`` (per-layer override, with its options)."""
     name = c.attn_backend if c.attn_layer_backends is None else c.attn_layer_backends[layer]
-    return backend_options(c, name)
+    return configured_backend(c, name)
 
 
 def layer_window(c: StackConfig, layer: int) -> int | None:
