@@ -32,7 +32,8 @@ are regenerated. Records carry their ``--session`` (default: the UTC date) and t
 compared only within a session: hosts differ between sessions, so a comparison that does not fit
 in one session (the ablations take 2.5 hours) is split, each part with its own reference runs,
 e.g. ``--ablate speedrun --techniques muon,wsd,rope`` (the full recipe runs too). The ablation
-table sets each ``R-without-T`` against ``R`` of its session.
+table sets each ``R-without-T`` against ``R`` of its session; the main table leaves them out.
+``--nanogpt`` runs take their turn in each seed's round with the rest.
 Data: ``$ATTNLAB_DATA`` or ``../shared/data`` (``tinyshakespeare.txt``).
 """
 
@@ -379,6 +380,8 @@ def report(records: list[dict[str, Any]], args: argparse.Namespace, out: Path) -
         groups.setdefault((session_of(r), r["recipe"], r["minutes"]), []).append(r)
     order = sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][1]))
     for (session, recipe, minutes), runs in order:
+        if "-without-" in recipe:  # in the ablation table
+            continue
         finals = [r["final_val_loss"] for r in runs]
         s = summarize(finals)
         cells = []
@@ -413,7 +416,8 @@ def plot(groups: dict[tuple[str, str, float], list[dict[str, Any]]], path: Path)
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for n, ((session, recipe, minutes), runs) in enumerate(sorted(groups.items())):
+    shown = sorted(kv for kv in groups.items() if "-without-" not in kv[0][1])
+    for n, ((session, recipe, minutes), runs) in enumerate(shown):
         for i, r in enumerate(runs):
             xs, ys = zip(*r["curve"], strict=True)
             ax.plot([x / 60 for x in xs], ys, color=f"C{n % 10}", alpha=0.7,
@@ -465,9 +469,9 @@ def main() -> None:
         if unknown:
             parser.error(f"--techniques: unknown {unknown}; {args.ablate} has {list(techniques)}")
         names += [args.ablate] + [f"{args.ablate}-without-{t}" for t in chosen]
-    jobs: list[tuple[str, int]] = [(n, int(s)) for s in args.seeds.split(",") for n in names]
     if args.nanogpt:
-        jobs += [("nanogpt", int(s)) for s in args.seeds.split(",")]
+        names.append("nanogpt")
+    jobs: list[tuple[str, int]] = [(n, int(s)) for s in args.seeds.split(",") for n in names]
     command = " ".join(["python", "benchmarks/time_to_loss.py", *sys.argv[1:]])
     for name, seed in [] if args.report else jobs:  # seeds outermost: drift hits all alike
         if name == "nanogpt":
