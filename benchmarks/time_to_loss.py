@@ -62,6 +62,14 @@ RECIPES: dict[str, dict[str, Any]] = {
     "baby": {},  # nanoGPT's baby GPT in attnlab (learned positions, GELU, LayerNorm)
     "modern": {"arch": "modern"},  # RoPE, SwiGLU, RMSNorm: today's best attention recipe
     "speedrun": {"preset": "speedrun"},
+    # the preset with a sequence-length warmup: 32 -> 128 positions over the first 200 updates
+    # (the best of a one-seed screen of 200/500-update sequence and batch warmups)
+    "speedrun-seq-warmup": {
+        "preset": "speedrun",
+        "seq_warmup": 200,
+        "seq_warmup_start": 32,
+        "seq_warmup_multiple": 16,
+    },
 }
 # recipe -> technique -> the overrides that remove it (the rest of the recipe unchanged)
 ABLATIONS: dict[str, dict[str, dict[str, Any]]] = {
@@ -112,7 +120,7 @@ def timed_overrides(
         "data": str(data_file()),
         "max_minutes": minutes,
         "seed": seed,
-        "eval_every": args.eval_every,
+        "eval_every": eval_every(overrides, args),
         "eval_batches": args.eval_batches,
         "checkpoint_every": 0,
         "progress": False,
@@ -124,6 +132,18 @@ def timed_overrides(
         rate = args.steps_per_s or probe_steps_per_s(overrides)
         out["steps"] = max(10, int(rate * 60 * minutes))
     return out
+
+
+def eval_every(overrides: dict[str, Any], args: argparse.Namespace) -> int:
+    """Steps between evaluations: ``--eval-every``, or with ``--eval-every-s`` the recipe's
+    measured step rate times those seconds, so that recipes of different step rates are
+    evaluated at one cadence in seconds."""
+    if args.eval_every_s is None:
+        return int(args.eval_every)
+    steady = {
+        k: v for k, v in overrides.items() if not k.startswith(("seq_warmup", "batch_warmup"))
+    }
+    return max(1, round(probe_steps_per_s(steady) * args.eval_every_s))  # the rate after warmups
 
 
 _PROBED: dict[str, float] = {}
@@ -159,7 +179,8 @@ def run_attnlab(name: str, minutes: float, seed: int, args: argparse.Namespace) 
     start = time.perf_counter()
     prepared, result = train_recipe("shakespeare-char", run_dir, overrides, overwrite=True)
     wall = time.perf_counter() - start
-    curve = [(r["elapsed_s"], r["loss"]) for r in read_metrics(run_dir) if r["split"] == "val"]
+    vals = [r for r in read_metrics(run_dir) if r["split"] == "val"]
+    curve = [(r["elapsed_s"], r["loss"]) for r in vals]
     curve.append((result.elapsed_s, result.evals[-1]["val_loss"]))  # the final evaluation
     return {
         "recipe": name,
@@ -172,7 +193,19 @@ def run_attnlab(name: str, minutes: float, seed: int, args: argparse.Namespace) 
         "wall_s": round(wall, 1),
         "final_val_loss": round(result.evals[-1]["val_loss"], 4),
         "curve": sorted({(round(t, 2), round(v, 4)) for t, v in curve}),
+        "train_curve": training_curve(vals),
     }
+
+
+def training_curve(vals: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(training seconds, val loss) of a run's evaluation records: each record's
+    ``elapsed_s`` less the seconds of the evaluations before it (``eval_s``), so that the time
+    to a target does not depend on how often the run was evaluated."""
+    out, spent = [], 0.0
+    for r in vals:
+        out.append((round(r["elapsed_s"] - spent, 2), round(r["loss"], 4)))
+        spent += r.get("eval_s", 0.0)
+    return out
 
 
 NANOGPT_ARGS = [
@@ -297,6 +330,23 @@ def record_key(r: dict[str, Any]) -> tuple[str, str, float, int]:
     return (session_of(r), r["recipe"], r["minutes"], r["seed"])
 
 
+Groups = dict[tuple[str, str, float], list[dict[str, Any]]]  # (session, recipe, minutes) -> runs
+
+
+def group_records(records: list[dict[str, Any]]) -> Groups:
+    """The records by (session, recipe, budget in minutes): the unit every table compares."""
+    groups: Groups = {}
+    for r in records:
+        groups.setdefault((session_of(r), r["recipe"], r["minutes"]), []).append(r)
+    return groups
+
+
+def is_ablation(recipe: str) -> bool:
+    """Whether ``recipe`` is a recipe less one technique (``R-without-T``): it belongs in the
+    ablation table, not in the main table, the time-to-target table or the plot."""
+    return "-without-" in recipe
+
+
 def merge(records: list[dict[str, Any]], new: dict[str, Any]) -> list[dict[str, Any]]:
     """``records`` with ``new`` added, replacing a record of the same session, recipe, budget
     and seed."""
@@ -305,7 +355,7 @@ def merge(records: list[dict[str, Any]], new: dict[str, Any]) -> list[dict[str, 
 
 
 def ablation_table(
-    groups: dict[tuple[str, str, float], list[dict[str, Any]]],
+    groups: Groups,
 ) -> list[str]:
     """Each ``R-without-T`` group against ``R`` of the same session and budget: the change of
     the final loss when T is taken out (positive: T helps), its spread, and Welch's one-sided
@@ -353,6 +403,62 @@ def ablation_table(
     ]
 
 
+def training_time_table(
+    groups: Groups,
+    targets: list[float],
+    baseline: str,
+) -> list[str]:
+    """Seconds of training (evaluations excluded) to each target, for the groups whose runs
+    logged their evaluations' seconds, with the ratio to ``baseline``'s of the same session
+    and budget."""
+    from attnlab.analysis.stats import summarize
+
+    def times(runs: list[dict[str, Any]], target: float) -> list[float]:
+        got = [time_to([tuple(p) for p in r["train_curve"]], target) for r in runs]
+        return [x for x in got if x is not None]
+
+    rows = []
+    for (session, recipe, minutes), runs in sorted(groups.items()):
+        if is_ablation(recipe) or not all("train_curve" in r for r in runs):
+            continue
+        every = sorted({r["overrides"].get("eval_every") for r in runs})
+        cells = []
+        base = groups.get((session, baseline, minutes), [])
+        for target in targets:
+            got = times(runs, target)
+            if not got:
+                cells.append("-")
+                continue
+            s = summarize(got) if len(got) > 1 else None
+            cell = f"{statistics.mean(got):.1f}" + (f" ± {s.std:.1f}" if s else "")
+            cell += f" ({len(got)}/{len(runs)})"
+            ref = times(base, target) if all("train_curve" in r for r in base) else []
+            if ref and recipe != baseline:
+                cell += f", {statistics.mean(got) / statistics.mean(ref):.2f}x"
+            cells.append(cell)
+        rows.append(
+            f"| {session} | {recipe} | {minutes:g} | {len(runs)} | "
+            f"{', '.join(str(e) for e in every)} |" + "".join(f" {c} |" for c in cells)
+        )
+    if not rows:
+        return []
+    header = "| session | recipe | budget min | seeds | eval every (steps) |"
+    header += "".join(f" training s to {t:g} |" for t in targets)
+    return [
+        "",
+        "## Time to target, evaluations excluded",
+        "",
+        "Seconds of training alone (each evaluation's own seconds taken out of the clock) until "
+        "the validation loss first reaches the target, linear between evaluations; mean ± "
+        f"sample std (seeds that got there), and the ratio to `{baseline}`'s mean. Runs made "
+        "with `--eval-every-s` are evaluated at one cadence in seconds whatever their step rate.",
+        "",
+        header,
+        "|" + "---|" * (header.count("|") - 1),
+        *rows,
+    ]
+
+
 def report(records: list[dict[str, Any]], args: argparse.Namespace, out: Path) -> str:
     from attnlab.analysis.stats import summarize, welch_t_test
 
@@ -375,12 +481,10 @@ def report(records: list[dict[str, Any]], args: argparse.Namespace, out: Path) -
     header = "| session | recipe | budget min | seeds | steps | val loss at budget | min / max |"
     header += "".join(f" s to {t:g} |" for t in targets) + " p vs baseline |"
     lines += [header, "|" + "---|" * (header.count("|") - 1)]
-    groups: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
-    for r in records:
-        groups.setdefault((session_of(r), r["recipe"], r["minutes"]), []).append(r)
+    groups = group_records(records)
     order = sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][1]))
     for (session, recipe, minutes), runs in order:
-        if "-without-" in recipe:  # in the ablation table
+        if is_ablation(recipe):  # in the ablation table
             continue
         finals = [r["final_val_loss"] for r in runs]
         s = summarize(finals)
@@ -399,6 +503,7 @@ def report(records: list[dict[str, Any]], args: argparse.Namespace, out: Path) -
             f"{s.mean:.4f} ± {s.std:.4f} | "
             f"{s.low:.4f} / {s.high:.4f} |" + "".join(f" {c} |" for c in cells) + f" {p} |"
         )
+    lines += training_time_table(groups, targets, args.baseline)
     lines += ablation_table(groups)
     lines += ["", "Commands: " + ", ".join(sorted({f"`{r['command']}`" for r in records}))]
     text = "\n".join(lines) + "\n"
@@ -407,7 +512,7 @@ def report(records: list[dict[str, Any]], args: argparse.Namespace, out: Path) -
     return text
 
 
-def plot(groups: dict[tuple[str, str, float], list[dict[str, Any]]], path: Path) -> None:
+def plot(groups: Groups, path: Path) -> None:
     try:
         import matplotlib
 
@@ -416,7 +521,7 @@ def plot(groups: dict[tuple[str, str, float], list[dict[str, Any]]], path: Path)
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    shown = sorted(kv for kv in groups.items() if "-without-" not in kv[0][1])
+    shown = sorted(kv for kv in groups.items() if not is_ablation(kv[0][1]))
     for n, ((session, recipe, minutes), runs) in enumerate(shown):
         for i, r in enumerate(runs):
             xs, ys = zip(*r["curve"], strict=True)
@@ -447,6 +552,9 @@ def main() -> None:
     parser.add_argument("--baseline", default="modern")
     parser.add_argument("--targets", default="1.70,1.60,1.50")
     parser.add_argument("--eval-every", type=int, default=250)
+    parser.add_argument("--eval-every-s", type=float, default=None,
+                        help="evaluate every this many seconds of each recipe's measured step "
+                             "rate instead of every --eval-every steps")  # fmt: skip
     parser.add_argument("--eval-batches", type=int, default=20)
     parser.add_argument("--steps-per-s", type=float, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS / "time_to_loss.json")

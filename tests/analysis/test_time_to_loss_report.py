@@ -58,13 +58,6 @@ def test_merge_replaces_only_the_same_session_recipe_budget_and_seed(ttl: Any) -
     assert len(merged) == 3  # another session's seed 0 is another record
 
 
-def groups_of(ttl: Any, records: list[dict]) -> dict:
-    groups: dict = {}
-    for r in records:
-        groups.setdefault((ttl.session_of(r), r["recipe"], r["minutes"]), []).append(r)
-    return groups
-
-
 def test_ablation_verdicts_compare_within_a_session(ttl: Any) -> None:
     full = [record("speedrun", s, x) for s, x in enumerate([1.50, 1.51, 1.49])]
     helps = [
@@ -74,7 +67,7 @@ def test_ablation_verdicts_compare_within_a_session(ttl: Any) -> None:
     noise = [record("speedrun-without-c", s, x) for s, x in enumerate([1.52, 1.48, 1.50])]
     # another session's ablation has no reference of its own: it gets no row
     orphan = [record("speedrun-without-d", s, 1.0, session="s2") for s in range(3)]
-    rows = ttl.ablation_table(groups_of(ttl, full + helps + hurts + noise + orphan))
+    rows = ttl.ablation_table(ttl.group_records(full + helps + hurts + noise + orphan))
     body = {line.split(" | ")[0].strip("| "): line for line in rows if line.startswith("| ")}
     assert set(body) >= {"a", "b", "c"} and "d" not in body
     assert body["a"].rstrip(" |").endswith("helps") and "+0.1000" in body["a"]
@@ -94,3 +87,50 @@ def test_report_keeps_ablations_out_of_the_main_table(ttl: Any, tmp_path: Path) 
     assert "without" not in main.split("| session |")[1]
     assert "| a | s1 | 5 | 3 / 3 |" in ablations
     assert (tmp_path / "ttl.md").read_text() == text
+
+
+def test_training_curve_takes_out_the_evaluations_seconds(ttl: Any) -> None:
+    """Each evaluation's ``elapsed_s`` is the trainer's clock before it, which counts every
+    earlier evaluation: those seconds come out, its own do not (it has not run yet)."""
+    vals = [
+        {"elapsed_s": 10.0, "loss": 2.0, "eval_s": 1.0},
+        {"elapsed_s": 21.0, "loss": 1.8, "eval_s": 1.5},
+        {"elapsed_s": 32.5, "loss": 1.6, "eval_s": 0.5},
+    ]
+    assert ttl.training_curve(vals) == [(10.0, 2.0), (20.0, 1.8), (30.0, 1.6)]
+    assert ttl.training_curve([{"elapsed_s": 5.0, "loss": 2.0}]) == [(5.0, 2.0)]  # older logs
+
+
+def test_training_time_table_compares_seconds_of_training(ttl: Any) -> None:
+    def run(recipe: str, seed: int, curve: list[list[float]]) -> dict:
+        r = record(recipe, seed, curve[-1][1])
+        r.update(train_curve=curve, overrides={"eval_every": 50 if recipe == "modern" else 20})
+        return r
+
+    records = [run("modern", s, [[50.0, 1.9], [100.0 + 10 * s, 1.7]]) for s in range(3)]
+    records += [run("speedrun", s, [[25.0, 1.9], [50.0 + 5 * s, 1.7]]) for s in range(3)]
+    records.append(record("baby", 0, 1.8))  # no training curve (an older record): no row
+    rows = ttl.training_time_table(ttl.group_records(records), [1.70, 1.50], "modern")
+    body = {line.split(" | ")[1]: line for line in rows if line.startswith("| s1")}
+    assert set(body) == {"modern", "speedrun"}
+    assert "| 110.0 ± 10.0 (3/3) | - |" in body["modern"]
+    assert "| 20 | 55.0 ± 5.0 (3/3), 0.50x | - |" in body["speedrun"]
+
+
+def test_eval_every_in_seconds_follows_each_recipes_steady_step_rate(
+    ttl: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    probed: list[dict] = []
+
+    def rate(overrides: dict) -> float:
+        probed.append(overrides)
+        return 10.0 if overrides.get("preset") == "speedrun" else 30.0
+
+    monkeypatch.setattr(ttl, "probe_steps_per_s", rate)
+    by_steps = argparse.Namespace(eval_every=250, eval_every_s=None)
+    assert ttl.eval_every({"arch": "modern"}, by_steps) == 250 and not probed
+    by_time = argparse.Namespace(eval_every=250, eval_every_s=5.0)
+    assert ttl.eval_every({"arch": "modern"}, by_time) == 150
+    warm = ttl.recipe_overrides("speedrun-seq-warmup")
+    assert ttl.eval_every(warm, by_time) == 50
+    assert probed[-1] == {"preset": "speedrun"}  # probed without its warmup: the steady rate

@@ -75,7 +75,7 @@ ARGS = [f"--steps={STEPS}", "--warmup=2", "--checkpoint_every=2", "--keep_checkp
         "--log_every=1", "--eval_every=5", "--eval_batches=1", "--d_model=16", "--n_heads=2",
         "--n_layers=1", "--d_ff=32", "--max_seq_len=16", "--batch_size=4", "--dropout=0.1",
         "--no-progress"]  # fmt: skip
-VOLATILE = ("tokens_per_s", "elapsed_s")  # wall-clock figures differ between runs
+VOLATILE = ("tokens_per_s", "elapsed_s", "eval_s")  # wall-clock figures differ between runs
 
 
 def _text() -> str:

@@ -45,7 +45,7 @@ def _lines_to(run: Path, step: int) -> list[str]:
         r = json.loads(line)
         if r["step"] <= step:
             out.append(json.dumps({k: v for k, v in r.items() if k not in ("elapsed_s",
-                                   "tokens_per_s")}))  # fmt: skip
+                                   "tokens_per_s", "eval_s")}))  # fmt: skip
     return out
 
 

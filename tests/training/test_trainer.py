@@ -98,7 +98,10 @@ def test_fit_logs_metrics_and_evaluates(tmp_path: Path) -> None:
     assert [r["step"] for r in train] == [2, 4, 6]
     assert {"loss", "lr", "grad_norm", "tokens", "tokens_per_s", "elapsed_s"} <= set(train[0])
     val = [r for r in lines if r["split"] == "val"]
-    assert [r["step"] for r in val] == [3, 6] and {"loss", "accuracy"} <= set(val[0])
+    assert [r["step"] for r in val] == [3, 6] and {"loss", "accuracy", "eval_s"} <= set(val[0])
+    # elapsed_s is the clock before the evaluation; the next records' include its seconds
+    assert val[0]["eval_s"] >= 0  # rounded to the millisecond, as elapsed_s
+    assert train[1]["elapsed_s"] >= val[0]["elapsed_s"] + val[0]["eval_s"] - 0.002
     assert result.stopped_by == "steps" and result.best_step in (3, 6)
 
 

@@ -136,8 +136,11 @@ def sdpa_attention(
     # row's float32 sum is non-finite exactly then (short of |q| near float32's max), and
     # sum - sum is 0 for a finite sum, NaN otherwise: adding it poisons exactly those rows. Two
     # small ops: isfinite(q).all(-1) cost 13% of the baby GPT's train step, and isfinite +
-    # masked_fill of the sum (five dispatches) 4% of a quantized GPT-2 decoding step.
-    q_sum = q.sum(dim=-1, keepdim=True, dtype=torch.float32)  # (B, H, T, 1)
+    # masked_fill of the sum (five dispatches) 4% of a quantized GPT-2 decoding step. The term
+    # is 0 (or NaN) whatever q is, so it is built from q detached: its gradient, exactly zero,
+    # is left out of the backward pass instead of computed and added to q's (a non-finite q
+    # still makes a non-finite output, and so a non-finite loss).
+    q_sum = q.detach().sum(dim=-1, keepdim=True, dtype=torch.float32)  # (B, H, T, 1)
     out = out + (q_sum - q_sum).to(out.dtype)
     return out if dead is None else out.masked_fill(dead, 0.0)
 

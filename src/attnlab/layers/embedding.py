@@ -76,7 +76,7 @@ class TokenEmbedding(nn.Module):
             )
             ids = ids.clamp(0, self.vocab_size - 1)
         elif ids.numel() and ids.device.type != "meta":
-            lo, hi = int(ids.min()), int(ids.max())
+            lo, hi = (int(t) for t in torch.aminmax(ids))  # one pass over the ids
             if lo < 0 or hi >= self.vocab_size:
                 bad = lo if lo < 0 else hi
                 raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")

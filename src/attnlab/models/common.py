@@ -275,9 +275,10 @@ def token_loss(
         )
         targets = torch.where(ignored, targets, targets.clamp(0, V - 1))
     elif targets.numel() and targets.device.type != "meta":
-        real = targets[targets != ignore_index]
-        if real.numel() and (int(real.min()) < 0 or int(real.max()) >= V):
-            bad = int(real.min()) if int(real.min()) < 0 else int(real.max())
+        # one pass: ignored entries read as 0 (inside the range whatever ignore_index is)
+        lo, hi = (int(t) for t in torch.aminmax(targets.masked_fill(targets == ignore_index, 0)))
+        if lo < 0 or hi >= V:
+            bad = lo if lo < 0 else hi
             raise ValueError(
                 f"target id {bad} is outside the vocabulary [0, {V}) (and is not the ignored "
                 f"id {ignore_index})"

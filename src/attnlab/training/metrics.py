@@ -9,8 +9,10 @@ One schema for every recipe. Each record has ``step`` (optimizer updates so far)
   routers' weighted auxiliary loss, trained on beside ``loss``), ``moe_balance_loss``,
   ``moe_z_loss``, ``moe_dropped_fraction``, ``moe_max_load_ratio`` and ``moe_load`` (layer ->
   assignments per expert in that step; :meth:`attnlab.training.moe.MoEStepStats.fields`);
-- ``"val"``: ``loss`` (no label smoothing), ``accuracy`` (of the loss's targets) and the
-  recipe's own metrics (``ppl``, ``bleu``, ``exact_match``, ...);
+- ``"val"``: ``loss`` (no label smoothing), ``accuracy`` (of the loss's targets), the
+  recipe's own metrics (``ppl``, ``bleu``, ``exact_match``, ...) and ``eval_s``, the seconds the
+  evaluation took (its ``elapsed_s`` is the time before it; later records' include it, so
+  training seconds alone are ``elapsed_s`` less the ``eval_s`` of the evaluations before);
 - ``"final"``: the same figures for a model made at the end, named by ``model``
   (``"averaged"``: §6.1's checkpoint average).
 

@@ -479,10 +479,12 @@ class Trainer:
 
     def _evaluate(self, result: FitResult, log: MetricsLogger | None) -> bool:
         """Evaluate, log, track the best (exporting it); returns whether early stopping fires."""
+        began = time.monotonic()
         metrics = self.evaluate()
         result.evals.append({"step": self.step, **metrics})
         if log is not None:
-            log.log(_record("val", self.step, self.elapsed, metrics))
+            took = round(time.monotonic() - began, 3)
+            log.log(_record("val", self.step, self.elapsed, {**metrics, "eval_s": took}))
         c = self.config
         value = metrics.get(c.best_metric)
         if value is None:
