@@ -9,8 +9,12 @@ several seeds each, and tabulate validation loss against seconds.
 
 Every run is ``attnlab train shakespeare-char`` (through :func:`train_recipe`) with
 ``max_minutes`` as its budget: the trainer's clock, which counts training and the periodic
-evaluations (the same cadence for every recipe: ``--eval-every`` steps, ``--eval-batches``
+evaluations (the same cadence for every recipe: ``--eval-every`` steps, or with
+``--eval-every-s S`` every S seconds of each recipe's own steady step rate; ``--eval-batches``
 batches of the validation split, the last 10% of the text; nothing is tuned on a test split).
+Each record keeps two curves: ``curve`` against the trainer's clock and ``train_curve``
+against training seconds alone (each evaluation's logged ``eval_s`` taken out), from which the
+report's "time to target, evaluations excluded" table is made.
 Cosine and WSD schedules run on the time clock (``schedule_clock="time"``) so that each run
 ends decayed whatever its step rate (other schedules take their step count from a measured step
 rate: ``--steps-per-s``, or a 20-second probe).

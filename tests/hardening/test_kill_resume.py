@@ -58,6 +58,7 @@ import torch
 from attnlab.cli import main
 from attnlab.io import atomic_write_text, remove_stale_temp_files
 from attnlab.pretrained import load_attnlab
+from attnlab.training.metrics import TIMING_KEYS
 from attnlab.training.rundir import latest_checkpoint
 from attnlab.training.state import load_training_state
 from testkit import ForkServer
@@ -75,7 +76,7 @@ ARGS = [f"--steps={STEPS}", "--warmup=2", "--checkpoint_every=2", "--keep_checkp
         "--log_every=1", "--eval_every=5", "--eval_batches=1", "--d_model=16", "--n_heads=2",
         "--n_layers=1", "--d_ff=32", "--max_seq_len=16", "--batch_size=4", "--dropout=0.1",
         "--no-progress"]  # fmt: skip
-VOLATILE = ("tokens_per_s", "elapsed_s", "eval_s")  # wall-clock figures differ between runs
+VOLATILE = TIMING_KEYS  # wall-clock figures differ between runs
 
 
 def _text() -> str:

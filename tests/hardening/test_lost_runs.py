@@ -16,6 +16,7 @@ import torch
 from attnlab.data.text import TokenStream
 from attnlab.models import GPT, GPTConfig
 from attnlab.training.config import TrainConfig
+from attnlab.training.metrics import TIMING_KEYS
 from attnlab.training.objectives import CausalLMObjective
 from attnlab.training.rundir import RunDirError
 from attnlab.training.trainer import Trainer
@@ -44,8 +45,7 @@ def _lines_to(run: Path, step: int) -> list[str]:
     for line in (run / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
         if r["step"] <= step:
-            out.append(json.dumps({k: v for k, v in r.items() if k not in ("elapsed_s",
-                                   "tokens_per_s", "eval_s")}))  # fmt: skip
+            out.append(json.dumps({k: v for k, v in r.items() if k not in TIMING_KEYS}))
     return out
 
 

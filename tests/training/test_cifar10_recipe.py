@@ -19,6 +19,7 @@ from attnlab.cli.train import recipe_types
 from attnlab.data.cifar10 import FILES, MANIFEST, sha256_file
 from attnlab.training import Trainer
 from attnlab.training.image_objective import AugmentedImageStream
+from attnlab.training.metrics import TIMING_KEYS
 from attnlab.training.recipes import get_recipe, load_run, prepare, train_recipe
 from attnlab.training.recipes.cifar10 import TRANSFORMER_TRAIN, evaluate_split
 from attnlab.training.state import read_training_state
@@ -123,7 +124,7 @@ def test_an_interrupted_run_resumes_exactly(
         assert torch.equal(x, y), name
 
     def comparable(run: str) -> list[dict[str, Any]]:
-        timing = ("elapsed_s", "tokens_per_s", "eval_s")
+        timing = TIMING_KEYS
         return [{k: v for k, v in r.items() if k not in timing} for r in metrics(tmp_path / run)]
 
     assert comparable("cut") == comparable("full")

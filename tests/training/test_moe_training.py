@@ -20,6 +20,7 @@ from attnlab.layers.moe import MoEFeedForward
 from attnlab.layers.moe_stats import collect_moe_stats
 from attnlab.models import GPT, GPTConfig
 from attnlab.training.config import TrainConfig
+from attnlab.training.metrics import TIMING_KEYS
 from attnlab.training.objectives import CausalLMObjective
 from attnlab.training.recipes import prepare
 from attnlab.training.trainer import Trainer
@@ -169,7 +170,7 @@ def test_resume_of_an_moe_recipe_run_is_exact(tmp_path: Path, monkeypatch: Any) 
     assert len(biases) == 1 and biases[0].abs().sum() > 0  # layer 1 only; it moved
 
     def comparable(run: Path) -> list[dict[str, Any]]:
-        skip = ("elapsed_s", "tokens_per_s", "eval_s")
+        skip = TIMING_KEYS
         return [{k: v for k, v in r.items() if k not in skip} for r in _lines(run)]
 
     full_lines, split_lines = comparable(tmp_path / "full"), comparable(tmp_path / "split")

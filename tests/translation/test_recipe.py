@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from attnlab.models.transformer import EncoderDecoderTransformer, TransformerConfig
 from attnlab.pretrained import load_attnlab, save_pretrained
 from attnlab.training import RunDir, RunDirError, Trainer, average_checkpoints
+from attnlab.training.metrics import TIMING_KEYS
 
 from .conftest import tiny_config, train
 
@@ -112,7 +113,7 @@ def test_resume_after_interruption_equals_uninterrupted(
         a = load_file(full / name / "model.safetensors")
         b = load_file(broken / name / "model.safetensors")
         assert all(torch.equal(a[k], b[k]) for k in a), name
-    drop = ("elapsed_s", "tokens_per_s", "eval_s")
+    drop = TIMING_KEYS
     steps = [{k: v for k, v in r.items() if k not in drop} for r in _records(broken)]
     assert steps == [{k: v for k, v in r.items() if k not in drop} for r in _records(full)]
 

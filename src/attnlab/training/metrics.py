@@ -37,6 +37,9 @@ from typing import Any
 from attnlab.io import atomic_write_text, parse_json_line
 
 METRICS_NAME = "metrics.jsonl"
+# The figures of a record that are wall-clock measurements: they differ between two runs that
+# are otherwise identical (a resumed run and an uninterrupted one match in everything else).
+TIMING_KEYS: tuple[str, ...] = ("elapsed_s", "tokens_per_s", "eval_s")
 
 logger = logging.getLogger(__name__)
 
@@ -157,4 +160,4 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return records
 
 
-__all__ = ["METRICS_NAME", "MetricsLogger", "normalise_record", "read_metrics"]
+__all__ = ["METRICS_NAME", "TIMING_KEYS", "MetricsLogger", "normalise_record", "read_metrics"]
