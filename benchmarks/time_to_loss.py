@@ -66,6 +66,15 @@ RECIPES: dict[str, dict[str, Any]] = {
     "baby": {},  # nanoGPT's baby GPT in attnlab (learned positions, GELU, LayerNorm)
     "modern": {"arch": "modern"},  # RoPE, SwiGLU, RMSNorm: today's best attention recipe
     "speedrun": {"preset": "speedrun"},
+    # modern in bf16-mixed: what the preset's bfloat16 alone would give the baseline
+    "modern-bf16": {"arch": "modern", "precision": "bf16-mixed"},
+    # the preset with a batch-size warmup: 4 -> 12 rows over the first 300 updates
+    "speedrun-batch-warmup": {
+        "preset": "speedrun",
+        "batch_warmup": 300,
+        "batch_warmup_start": 4,
+        "batch_warmup_multiple": 2,
+    },
     # the preset with a sequence-length warmup: 32 -> 128 positions over the first 200 updates
     # (the best of a one-seed screen of 200/500-update sequence and batch warmups)
     "speedrun-seq-warmup": {
@@ -192,6 +201,7 @@ def run_attnlab(name: str, minutes: float, seed: int, args: argparse.Namespace) 
         "seed": seed,
         "overrides": {k: v for k, v in overrides.items() if k != "data"},
         "parameters": sum(p.numel() for p in prepared.model.parameters()),
+        "precision": prepared.train.precision,  # the preset's depends on the host (bf16)
         "steps": result.step,
         "train_s": round(result.elapsed_s, 1),
         "wall_s": round(wall, 1),
@@ -570,6 +580,7 @@ def main() -> None:
     import torch
 
     from attnlab.analysis.attention_bench import cpu_model
+    from attnlab.training.hardware import native_bf16
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)))
     records = load(args.out)
@@ -594,6 +605,7 @@ def main() -> None:
             command=command,
             machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus",
             cpu=f"{cpu_model()}, {os.cpu_count()} cpus",  # hosts differ between sessions
+            native_bf16=native_bf16("cpu"),  # AVX512-BF16 or AMX: the preset trains in bf16
             session=args.session,
             threads=torch.get_num_threads(),
             torch=torch.__version__,

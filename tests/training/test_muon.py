@@ -3,6 +3,7 @@ groups against torch's AdamW, the parameter split, bitwise resume, and clear err
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -13,7 +14,14 @@ from torch import nn
 from attnlab.data.text import TokenStream
 from attnlab.models import GPT, GPTConfig
 from attnlab.training.config import TrainConfig
-from attnlab.training.muon import NS_BAND, NS_COEFFICIENTS, NS_FLOOR, Muon, newton_schulz
+from attnlab.training.muon import (
+    NS_BAND,
+    NS_BAND_BF16,
+    NS_COEFFICIENTS,
+    NS_FLOOR,
+    Muon,
+    newton_schulz,
+)
 from attnlab.training.objectives import CausalLMObjective
 from attnlab.training.optim import build_optimizer, muon_parameters
 from attnlab.training.trainer import Trainer
@@ -47,6 +55,61 @@ def test_newton_schulz_brings_singular_values_into_the_band(shape: tuple[int, in
     for _ in range(5):
         x = a * x + b * x**3 + c * x**5
     assert torch.allclose(torch.diagonal(inner).flip(0).sort().values, x.sort().values, atol=1e-4)
+
+
+def _prescribed(
+    shape: tuple[int, int], scale: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A matrix of ``shape`` whose singular values are log-spaced from just above NS_FLOOR
+    (relative to the Frobenius norm) to 1, times ``scale / their norm``; and its U and V^T."""
+    gen = torch.Generator().manual_seed(sum(shape))
+    g = torch.randn(*shape, generator=gen, dtype=torch.float64)
+    u, s, vh = torch.linalg.svd(g, full_matrices=False)
+    k, low = s.numel(), NS_FLOOR
+    for _ in range(20):  # a fixed point: the norm depends a little on the smallest value
+        s = torch.logspace(math.log10(low), 0, k, dtype=torch.float64)
+        low = 1.01 * NS_FLOOR * float(s.norm())
+    return u @ torch.diag(s / s.norm() * scale) @ vh, u, vh
+
+
+@pytest.mark.parametrize("shape", [(128, 128), (512, 128), (64, 256), (3, 200)])
+def test_newton_schulz_in_bfloat16_keeps_the_wider_band(shape: tuple[int, int]) -> None:
+    # the same iteration with bfloat16 products: singular values in NS_BAND_BF16, the output
+    # in the input's dtype, and near the float32 iteration's (bfloat16 keeps 8 mantissa bits)
+    g = torch.stack([_prescribed(shape, scale)[0] for scale in (1e-3, 1.0, 50.0)]).float()
+    out = newton_schulz(g, dtype=torch.bfloat16)
+    assert out.shape == g.shape and out.dtype == torch.float32
+    got = torch.linalg.svdvals(out.double())
+    assert NS_BAND_BF16[0] <= float(got.min()) and float(got.max()) <= NS_BAND_BF16[1], got
+    assert NS_BAND_BF16[0] < NS_BAND[0] and NS_BAND[1] < NS_BAND_BF16[1]  # wider than float32's
+    # the singular vectors are g's: U^T out V is diagonal up to bfloat16's rounding (where each
+    # value lands in the band differs from float32's: the small ones are grown from rounding)
+    _, u, vh = _prescribed(shape, 1.0)
+    inner = u.mT @ out[1].double() @ vh.mT
+    off = inner - torch.diag(torch.diagonal(inner))
+    assert float(off.norm() / inner.norm()) < 0.05
+    assert not torch.equal(out, newton_schulz(g))  # it did run in bfloat16
+    with pytest.raises(ValueError, match=r"float32 or torch\.bfloat16, got torch\.float16"):
+        newton_schulz(g, dtype=torch.float16)
+
+
+def test_muon_ns_dtype_bfloat16_step_equals_the_bf16_iteration() -> None:
+    gen = torch.Generator().manual_seed(4)
+    w0, grad = torch.randn(16, 48, generator=gen), torch.randn(16, 48, generator=gen)
+    p = nn.Parameter(w0.clone())
+    opt = Muon([p], lr=0.05, momentum=0.9, ns_dtype="bfloat16")
+    p.grad = grad.clone()
+    opt.step()
+    update = grad.add(grad, alpha=0.9)[None]  # nesterov, first step: g + mu * g; stacked
+    want = w0 - 0.05 * newton_schulz(update, dtype=torch.bfloat16)[0]
+    torch.testing.assert_close(p.detach(), want, rtol=0, atol=1e-6)
+    in_float32 = w0 - 0.05 * newton_schulz(update)[0]
+    assert float((p.detach() - in_float32).abs().max()) > 1e-4
+    assert opt.state_dict()["param_groups"][0]["ns_dtype"] == "bfloat16"
+    with pytest.raises(ValueError, match=r"ns_dtype must be one of .*got 'float16'"):
+        Muon([nn.Parameter(torch.zeros(2, 2))], ns_dtype="float16")
+    with pytest.raises(ValueError, match=r"muon_ns_dtype='fp8' is not valid; choose one of"):
+        TrainConfig(optimizer="muon", muon_ns_dtype="fp8")  # type: ignore[arg-type]
 
 
 def test_newton_schulz_rejects_bad_input_and_keeps_zero() -> None:
@@ -127,20 +190,52 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest() -> None:
     assert len(every) == len({id(p) for p in every}) == len(list(model.parameters()))
     rates = {g["use_muon"]: g["lr"] for g in optimizer.param_groups}
     assert rates == {True: 0.02, False: 1e-2}
+    assert {g["ns_steps"] for g in optimizer.param_groups if g["use_muon"]} == {5}
 
 
-def _trainer(run_dir: Path) -> Trainer:
+def test_muon_ns_steps_reaches_the_iteration() -> None:
+    # muon_ns_steps=3: one update equals the equations with three Newton-Schulz iterations,
+    # and differs from the default five
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    config = dataclasses.replace(CONFIG, muon_ns_steps=3, weight_decay=0.0)
+    optimizer = build_optimizer(model, config)
+    assert {g["ns_steps"] for g in optimizer.param_groups if g["use_muon"]} == {3}
+    weight = muon_parameters(model)[0]
+    before = weight.detach().clone()
+    grad = torch.randn(weight.shape, generator=torch.Generator().manual_seed(2))
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    weight.grad = grad.clone()
+    optimizer.step()
+    m, n = weight.shape
+    scale = math.sqrt(max(1.0, m / n))
+    # nesterov: the update is g + mu * buf, with buf = g after the first step
+    update = grad + 0.95 * grad
+    expected = before - 0.02 * scale * newton_schulz(update, 3)
+    torch.testing.assert_close(weight.detach(), expected, rtol=0, atol=1e-6)
+    five = before - 0.02 * scale * newton_schulz(update, 5)
+    assert (weight.detach() - five).abs().max() > 1e-4
+
+
+def _trainer(run_dir: Path, config: TrainConfig = CONFIG) -> Trainer:
     torch.manual_seed(0)
     stream = TokenStream(torch.randint(11, (2000,), generator=torch.Generator().manual_seed(1)))
-    return Trainer(GPT(TINY), CausalLMObjective(stream, block_size=8), CONFIG, run_dir=run_dir)
+    return Trainer(GPT(TINY), CausalLMObjective(stream, block_size=8), config, run_dir=run_dir)
 
 
-def test_resume_with_muon_is_bitwise(tmp_path: Path) -> None:
-    full = _trainer(tmp_path / "full")
+@pytest.mark.parametrize(
+    "fields",
+    [{}, {"muon_ns_dtype": "bfloat16", "muon_ns_steps": 3, "precision": "bf16-mixed"}],
+    ids=["float32", "bfloat16"],
+)
+def test_resume_with_muon_is_bitwise(tmp_path: Path, fields: dict[str, object]) -> None:
+    config = dataclasses.replace(CONFIG, **fields)  # type: ignore[arg-type]
+    full = _trainer(tmp_path / "full", config)
     full_result = full.fit()
-    first = _trainer(tmp_path / "split").fit(until=4)
+    first = _trainer(tmp_path / "split", config).fit(until=4)
     torch.manual_seed(123)  # a fresh process's RNG: resume must restore the saved one
-    resumed = _trainer(tmp_path / "split")
+    resumed = _trainer(tmp_path / "split", config)
     second = resumed.fit(resume=True)
     assert second.step == 8
     assert first.losses + second.losses == full_result.losses
@@ -159,6 +254,8 @@ def test_bad_muon_options_name_the_value() -> None:
         Muon([nn.Parameter(torch.zeros(2, 2))], momentum=1.0)
     with pytest.raises(ValueError, match="muon_momentum must be in"):
         TrainConfig(optimizer="muon", muon_momentum=-0.1)
+    with pytest.raises(ValueError, match="muon_ns_steps must be >= 1, got 0"):
+        TrainConfig(optimizer="muon", muon_ns_steps=0)
     with pytest.raises(ValueError, match="muon_lr must be"):
         TrainConfig(optimizer="muon", muon_lr=0.0)
     with pytest.raises(ValueError, match="FSDP shards them"):

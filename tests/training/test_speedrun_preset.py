@@ -7,9 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from attnlab.training import hardware
 from attnlab.training.muon import Muon
 from attnlab.training.recipes import prepare
-from attnlab.training.recipes.text import SPEEDRUN_ABLATIONS, SPEEDRUN_MODEL, SPEEDRUN_TRAIN
+from attnlab.training.recipes.text import (
+    SPEEDRUN_ABLATIONS,
+    SPEEDRUN_BF16,
+    SPEEDRUN_MODEL,
+    SPEEDRUN_TRAIN,
+    speedrun_train_fields,
+)
 from testkit import run_cli, word_corpus
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -26,12 +33,34 @@ def test_the_preset_sets_its_model_and_training_fields(corpus: Path) -> None:
     p = prepare("shakespeare-char", {"data": str(corpus), "preset": "speedrun"})
     for key, value in SPEEDRUN_MODEL.items():
         assert getattr(p.model_config, key) == value, key
-    for key, value in SPEEDRUN_TRAIN.items():
+    for key, value in speedrun_train_fields().items():
         if key != "warmup":
             assert getattr(p.train, key) == value, key
     assert p.train.warmup <= SPEEDRUN_TRAIN["warmup"]
     plain = prepare("shakespeare-char", {"data": str(corpus)})
     assert plain.train.optimizer == "adamw" and plain.model_config.pos_encoding == "learned"
+
+
+@pytest.mark.parametrize("flags", [{"avx512f", "avx512_bf16"}, {"amx_bf16"}, {"avx2", "avx512f"}])
+def test_the_preset_trains_in_bf16_only_where_the_cpu_multiplies_it(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: set[str]
+) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("vendor_id\t: X\nflags\t\t: fpu sse2 " + " ".join(sorted(flags)) + "\n")
+    assert hardware.cpu_flags(str(cpuinfo)) >= flags
+    monkeypatch.setattr(hardware, "_CPU_FLAGS", [hardware.cpu_flags(str(cpuinfo))])
+    native = bool(flags & set(hardware.BF16_CPU_FLAGS))
+    assert hardware.native_bf16("cpu") is native and hardware.native_bf16() is native
+    p = prepare("shakespeare-char", {"data": str(corpus), "preset": "speedrun"})
+    want = SPEEDRUN_BF16 if native else {"precision": "fp32", "muon_ns_dtype": "float32"}
+    assert {k: getattr(p.train, k) for k in want} == want
+    # given by name, the precision wins; the plain recipe never changes
+    q = prepare("shakespeare-char", {"data": str(corpus), "preset": "speedrun",
+                                     "precision": "fp32"})  # fmt: skip
+    assert q.train.precision == "fp32" and q.train.muon_ns_dtype == "float32"
+    plain = prepare("shakespeare-char", {"data": str(corpus)})
+    assert plain.train.precision == "fp32" and plain.train.muon_ns_dtype == "float32"
+    assert hardware.cpu_flags(str(tmp_path / "missing")) == frozenset()
 
 
 def test_fields_given_by_name_win_and_ablations_apply(corpus: Path) -> None:

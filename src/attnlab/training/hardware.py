@@ -53,6 +53,44 @@ PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16")
 _AUTOCAST = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 
 
+# /proc/cpuinfo flags of CPUs that multiply bfloat16 in hardware (AVX512-BF16, Intel AMX);
+# other x86 CPUs emulate it, slower than float32
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU's feature flags from ``path`` (Linux), empty where there is no such file."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def native_bf16(device: str | torch.device | None = None) -> bool:
+    """Whether ``device`` (default: the CPU) multiplies bfloat16 matrices in hardware: a CUDA
+    device that supports bfloat16, or a CPU whose flags include one of :data:`BF16_CPU_FLAGS`.
+    Where it does not, ``bf16-mixed`` is usually slower than ``fp32``."""
+    kind = torch.device(device).type if device is not None else "cpu"
+    if kind == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if kind != "cpu":
+        return False
+    return bool(_cpu_flags_cached() & set(BF16_CPU_FLAGS))
+
+
+_CPU_FLAGS: list[frozenset[str]] = []
+
+
+def _cpu_flags_cached() -> frozenset[str]:
+    if not _CPU_FLAGS:
+        _CPU_FLAGS.append(cpu_flags())
+    return _CPU_FLAGS[0]
+
+
 def available_devices() -> list[str]:
     """The devices this process can train on: ``cpu``, ``cuda:0..N-1``, ``mps``."""
     out = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
@@ -268,11 +306,14 @@ def prepare_for_precision(
 
 
 __all__ = [
+    "BF16_CPU_FLAGS",
     "PRECISIONS",
     "Precision",
     "available_devices",
     "cast_floats",
     "compile_warm_up",
+    "cpu_flags",
+    "native_bf16",
     "prepare_for_precision",
     "resolve_device",
 ]

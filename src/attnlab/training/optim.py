@@ -162,7 +162,8 @@ def _build_muon(model: nn.Module, groups: list[dict[str, Any]], config: TrainCon
             muon_groups.append({"params": rest, "use_muon": False, "weight_decay": wd})
     return Muon(
         muon_groups, lr=config.muon_lr, momentum=config.muon_momentum, adam_lr=config.lr,
-        betas=config.betas, eps=config.adam_eps,
+        betas=config.betas, eps=config.adam_eps, ns_steps=config.muon_ns_steps,
+        ns_dtype=config.muon_ns_dtype,
     )  # fmt: skip
 
 

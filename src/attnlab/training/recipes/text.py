@@ -31,6 +31,7 @@ from attnlab.models.mamba import PRESETS as MAMBA_PRESETS
 from attnlab.models.rnn import PRESETS as RNN_PRESETS
 from attnlab.tokenizers import BERT_SPECIALS, BPETokenizer, CharTokenizer, Tokenizer
 from attnlab.training.config import TrainConfig
+from attnlab.training.hardware import native_bf16
 from attnlab.training.objectives import CausalLMObjective, MaskedLMObjective, Objective
 from attnlab.training.recipes.base import RECIPES, Data, Recipe
 
@@ -170,8 +171,14 @@ SPEEDRUN_TRAIN: dict[str, Any] = {
     "weight_decay": 0.0, "schedule": "wsd", "warmup": 50, "decay_fraction": 0.3,
     "min_lr_ratio": 0.0, "clip_grad_norm": None,
 }  # fmt: skip
+# where the device multiplies bfloat16 in hardware (a CPU with AVX512-BF16 or AMX, a CUDA GPU:
+# attnlab.training.hardware.native_bf16), the preset also trains in bf16-mixed and runs Muon's
+# Newton-Schulz iteration in bfloat16: 1.7x the steps per second on the AVX512-BF16 host of
+# docs/time_to_loss.md; elsewhere bfloat16 is emulated, slower than float32, and it stays fp32
+SPEEDRUN_BF16: dict[str, Any] = {"precision": "bf16-mixed", "muon_ns_dtype": "bfloat16"}
 # technique -> the fields that take it out of the preset (benchmarks/time_to_loss.py --ablate)
 SPEEDRUN_ABLATIONS: dict[str, dict[str, Any]] = {
+    "bf16": {"precision": "fp32", "muon_ns_dtype": "float32"},
     "muon": {"optimizer": "adamw", "lr": 1e-3},
     "wsd": {"schedule": "cosine", "min_lr_ratio": 0.1},
     "context-128": {"max_seq_len": 64},
@@ -192,11 +199,25 @@ def _char_lm_config(options: Any, data: Data | None) -> Any:
     return config
 
 
+def speedrun_train_fields(device: str | None = None) -> dict[str, Any]:
+    """The preset's training fields on ``device`` (a :class:`TrainConfig` ``device``; ``None``
+    and ``"auto"`` mean the CPU unless auto finds CUDA): :data:`SPEEDRUN_TRAIN`, and
+    :data:`SPEEDRUN_BF16` where the device multiplies bfloat16 in hardware."""
+    import torch
+
+    if device in (None, "auto"):
+        device = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu"
+    return {**SPEEDRUN_TRAIN, **(SPEEDRUN_BF16 if native_bf16(device) else {})}
+
+
 def _char_lm_adjust(options: Any, train: TrainConfig, config: Any, given: set[str]) -> TrainConfig:
     """The preset's training fields, except those given by name; a warmup that fits."""
     if options.preset != "speedrun":
         return train
-    fields = {k: v for k, v in SPEEDRUN_TRAIN.items() if k not in given}
+    preset = speedrun_train_fields(train.device)
+    if "precision" in given:  # a precision given by name: no bfloat16 from the preset at all
+        preset = {k: v for k, v in preset.items() if k not in SPEEDRUN_BF16}
+    fields = {k: v for k, v in preset.items() if k not in given}
     if "warmup" in fields and train.steps is not None:
         decay = max(1, round(fields.get("decay_fraction", train.decay_fraction) * train.steps))
         fields["warmup"] = min(fields["warmup"], max(0, train.steps - decay) // 2)
@@ -263,6 +284,7 @@ __all__ = [
     "RECURRENT_ARCHS",
     "RECURRENT_BLOCK_SIZE",
     "SPEEDRUN_ABLATIONS",
+    "SPEEDRUN_BF16",
     "SPEEDRUN_MODEL",
     "SPEEDRUN_TRAIN",
     "CharLMOptions",
@@ -271,4 +293,5 @@ __all__ = [
     "TextOptions",
     "arch_config",
     "block_size",
+    "speedrun_train_fields",
 ]
