@@ -48,7 +48,7 @@ def test_the_preset_trains_in_bf16_only_where_the_cpu_multiplies_it(
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("vendor_id\t: X\nflags\t\t: fpu sse2 " + " ".join(sorted(flags)) + "\n")
     assert hardware.cpu_flags(str(cpuinfo)) >= flags
-    monkeypatch.setattr(hardware, "_CPU_FLAGS", [hardware.cpu_flags(str(cpuinfo))])
+    monkeypatch.setattr(hardware, "_host_cpu_flags", lambda: hardware.cpu_flags(str(cpuinfo)))
     native = bool(flags & set(hardware.BF16_CPU_FLAGS))
     assert hardware.native_bf16("cpu") is native and hardware.native_bf16() is native
     p = prepare("shakespeare-char", {"data": str(corpus), "preset": "speedrun"})

@@ -39,6 +39,7 @@ float32 SDPA, ``benchmarks/results/cct_attention_step.md``). On CUDA attention r
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -79,16 +80,12 @@ def native_bf16(device: str | torch.device | None = None) -> bool:
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     if kind != "cpu":
         return False
-    return bool(_cpu_flags_cached() & set(BF16_CPU_FLAGS))
+    return bool(_host_cpu_flags() & set(BF16_CPU_FLAGS))
 
 
-_CPU_FLAGS: list[frozenset[str]] = []
-
-
-def _cpu_flags_cached() -> frozenset[str]:
-    if not _CPU_FLAGS:
-        _CPU_FLAGS.append(cpu_flags())
-    return _CPU_FLAGS[0]
+@functools.cache
+def _host_cpu_flags() -> frozenset[str]:
+    return cpu_flags()
 
 
 def available_devices() -> list[str]:

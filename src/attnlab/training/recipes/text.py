@@ -23,6 +23,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import torch
+
 from attnlab.config import Config, check_positive, check_probability
 from attnlab.data.text import TokenStream, load_text
 from attnlab.models.bert import BERTConfig
@@ -203,8 +205,6 @@ def speedrun_train_fields(device: str | None = None) -> dict[str, Any]:
     """The preset's training fields on ``device`` (a :class:`TrainConfig` ``device``; ``None``
     and ``"auto"`` mean the CPU unless auto finds CUDA): :data:`SPEEDRUN_TRAIN`, and
     :data:`SPEEDRUN_BF16` where the device multiplies bfloat16 in hardware."""
-    import torch
-
     if device in (None, "auto"):
         device = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu"
     return {**SPEEDRUN_TRAIN, **(SPEEDRUN_BF16 if native_bf16(device) else {})}
