@@ -264,14 +264,14 @@ def test_a_failing_rank_stops_the_job_promptly(root: Path) -> None:
 
 def test_ddp_with_muon_and_every_option_equals_one_process(root: Path) -> None:
     """Muon (issue 51) under DDP: every process orthogonalises the same all-reduced momentum;
-    with every speedrun architecture option and both warmups on (each process computes its
-    half of the cut batch)."""
+    with every speedrun architecture option, both warmups and the iteration's own options
+    (4 steps, in bfloat16) on (each process computes its half of the cut batch)."""
     muon = (
         "--optimizer=muon", "--muon-lr=0.05", "--lr=0.01", "--bias=false", "--qk_norm",
         "--activation=relu2", "--logit_softcap=30", "--zero_init_proj", "--no-tie_output",
         "--value_embeddings=1", "--x0_skip", "--pos_encoding=rope", "--norm=rmsnorm",
         "--batch_warmup=2", "--batch_warmup_start=2", "--batch_warmup_multiple=2",
-        "--seq_warmup=2", "--seq_warmup_start=8",
+        "--seq_warmup=2", "--seq_warmup_start=8", "--muon_ns_steps=4", "--muon_ns_dtype=bfloat16",
     )  # fmt: skip
     torch.set_num_threads(1)
     assert main(_train_args(root, "muon_one", 2, *muon)) == 0
