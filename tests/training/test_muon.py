@@ -29,19 +29,26 @@ from attnlab.training.trainer import Trainer
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-@pytest.mark.parametrize("shape", [(64, 256), (256, 64), (48, 48), (100, 37), (3, 200)])
-def test_newton_schulz_brings_singular_values_into_the_band(shape: tuple[int, int]) -> None:
+def _prescribed(
+    shape: tuple[int, int], scale: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A float64 matrix ``g`` of ``shape`` whose singular values ``s`` are log-spaced, the
+    smallest just above NS_FLOOR relative to the Frobenius norm (a fixed point: the norm depends
+    a little on the smallest value), scaled to ``||g||_F = scale``; returns ``(g, U, s, V^T)``."""
     gen = torch.Generator().manual_seed(sum(shape))
     g = torch.randn(*shape, generator=gen, dtype=torch.float64)
     u, s, vh = torch.linalg.svd(g, full_matrices=False)
-    # prescribed singular values, log-spaced, the smallest just above the floor relative to the
-    # Frobenius norm (a fixed point: the norm depends a little on the smallest value)
     k, low = s.numel(), NS_FLOOR
     for _ in range(20):
         s = torch.logspace(math.log10(low), 0, k, dtype=torch.float64)
         low = 1.01 * NS_FLOOR * float(s.norm())
     assert float(s.min() / s.norm()) >= NS_FLOOR
-    g = u @ torch.diag(s / s.norm() * 7.0) @ vh  # ||g||_F = 7: the iteration normalises first
+    return u @ torch.diag(s / s.norm() * scale) @ vh, u, s, vh
+
+
+@pytest.mark.parametrize("shape", [(64, 256), (256, 64), (48, 48), (100, 37), (3, 200)])
+def test_newton_schulz_brings_singular_values_into_the_band(shape: tuple[int, int]) -> None:
+    g, u, s, vh = _prescribed(shape, 7.0)  # ||g||_F = 7: the iteration normalises first
     out = newton_schulz(g)
     assert out.shape == g.shape and out.dtype == g.dtype
     got = torch.linalg.svdvals(out)
@@ -57,26 +64,12 @@ def test_newton_schulz_brings_singular_values_into_the_band(shape: tuple[int, in
     assert torch.allclose(torch.diagonal(inner).flip(0).sort().values, x.sort().values, atol=1e-4)
 
 
-def _prescribed(
-    shape: tuple[int, int], scale: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A matrix of ``shape`` whose singular values are log-spaced from just above NS_FLOOR
-    (relative to the Frobenius norm) to 1, times ``scale / their norm``; and its U and V^T."""
-    gen = torch.Generator().manual_seed(sum(shape))
-    g = torch.randn(*shape, generator=gen, dtype=torch.float64)
-    u, s, vh = torch.linalg.svd(g, full_matrices=False)
-    k, low = s.numel(), NS_FLOOR
-    for _ in range(20):  # a fixed point: the norm depends a little on the smallest value
-        s = torch.logspace(math.log10(low), 0, k, dtype=torch.float64)
-        low = 1.01 * NS_FLOOR * float(s.norm())
-    return u @ torch.diag(s / s.norm() * scale) @ vh, u, vh
-
-
 @pytest.mark.parametrize("shape", [(128, 128), (512, 128), (64, 256), (3, 200)])
 def test_newton_schulz_in_bfloat16_keeps_the_wider_band(shape: tuple[int, int]) -> None:
     # the same iteration with bfloat16 products: singular values in NS_BAND_BF16, the output
     # in the input's dtype, and near the float32 iteration's (bfloat16 keeps 8 mantissa bits)
-    g = torch.stack([_prescribed(shape, scale)[0] for scale in (1e-3, 1.0, 50.0)]).float()
+    made = [_prescribed(shape, scale) for scale in (1e-3, 1.0, 50.0)]
+    g = torch.stack([m[0] for m in made]).float()
     out = newton_schulz(g, dtype=torch.bfloat16)
     assert out.shape == g.shape and out.dtype == torch.float32
     got = torch.linalg.svdvals(out.double())
@@ -84,7 +77,7 @@ def test_newton_schulz_in_bfloat16_keeps_the_wider_band(shape: tuple[int, int]) 
     assert NS_BAND_BF16[0] < NS_BAND[0] and NS_BAND[1] < NS_BAND_BF16[1]  # wider than float32's
     # the singular vectors are g's: U^T out V is diagonal up to bfloat16's rounding (where each
     # value lands in the band differs from float32's: the small ones are grown from rounding)
-    _, u, vh = _prescribed(shape, 1.0)
+    _, u, _, vh = made[1]
     inner = u.mT @ out[1].double() @ vh.mT
     off = inner - torch.diag(torch.diagonal(inner))
     assert float(off.norm() / inner.norm()) < 0.05
