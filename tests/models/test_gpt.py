@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attnlab import GPT, GPTConfig, build_model
@@ -315,6 +316,19 @@ def test_token_ids_outside_vocabulary() -> None:
     model = tiny()
     with pytest.raises(ValueError, match=r"token id 97 is outside the vocabulary \[0, 97\)"):
         model(torch.tensor([[1, 97]]))
+
+
+@pytest.mark.parametrize("bad", [97, 500, -3])
+def test_target_ids_outside_vocabulary_are_named(bad: int) -> None:
+    # the loss names the bad target id; the ignored id is skipped, whatever its value
+    model = tiny()
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match=rf"target id {bad} is outside the vocabulary \[0, 97\)"):
+        model(ids, targets=torch.tensor([[2, bad, -100]]))
+    logits, loss = model(ids, targets=torch.tensor([[2, -100, 4]]))  # the ignored id: no error
+    assert loss is not None and torch.isfinite(loss)
+    want = F.cross_entropy(logits[0, [0, 2]], torch.tensor([2, 4]))
+    torch.testing.assert_close(loss, want)
 
 
 def test_sequence_longer_than_position_table() -> None:

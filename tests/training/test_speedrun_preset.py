@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnlab.training import hardware
 from attnlab.training.muon import Muon
@@ -61,6 +62,22 @@ def test_the_preset_trains_in_bf16_only_where_the_cpu_multiplies_it(
     plain = prepare("shakespeare-char", {"data": str(corpus)})
     assert plain.train.precision == "fp32" and plain.train.muon_ns_dtype == "float32"
     assert hardware.cpu_flags(str(tmp_path / "missing")) == frozenset()
+
+
+def test_the_preset_asks_the_device_the_trainer_will_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hardware, "_host_cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    bf16 = {**SPEEDRUN_TRAIN, **SPEEDRUN_BF16}
+    # a single process with the device unset trains on the CPU: its flags decide
+    assert speedrun_train_fields() == speedrun_train_fields("cpu") == SPEEDRUN_TRAIN
+    assert speedrun_train_fields("cuda") == bf16
+    # under torchrun each process trains on its own GPU where CUDA is available (device unset)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert speedrun_train_fields() == speedrun_train_fields("auto") == bf16
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # gloo: the CPU decides
+    assert speedrun_train_fields() == SPEEDRUN_TRAIN
 
 
 def test_fields_given_by_name_win_and_ablations_apply(corpus: Path) -> None:

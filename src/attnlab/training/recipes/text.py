@@ -33,7 +33,8 @@ from attnlab.models.mamba import PRESETS as MAMBA_PRESETS
 from attnlab.models.rnn import PRESETS as RNN_PRESETS
 from attnlab.tokenizers import BERT_SPECIALS, BPETokenizer, CharTokenizer, Tokenizer
 from attnlab.training.config import TrainConfig
-from attnlab.training.hardware import native_bf16
+from attnlab.training.distributed import launched_by_torchrun
+from attnlab.training.hardware import native_bf16, resolve_device
 from attnlab.training.objectives import CausalLMObjective, MaskedLMObjective, Objective
 from attnlab.training.recipes.base import RECIPES, Data, Recipe
 
@@ -202,11 +203,20 @@ def _char_lm_config(options: Any, data: Data | None) -> Any:
 
 
 def speedrun_train_fields(device: str | None = None) -> dict[str, Any]:
-    """The preset's training fields on ``device`` (a :class:`TrainConfig` ``device``; ``None``
-    and ``"auto"`` mean the CPU unless auto finds CUDA): :data:`SPEEDRUN_TRAIN`, and
-    :data:`SPEEDRUN_BF16` where the device multiplies bfloat16 in hardware."""
-    if device in (None, "auto"):
-        device = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu"
+    """The preset's training fields on ``device`` (a :class:`TrainConfig` ``device``):
+    :data:`SPEEDRUN_TRAIN`, and :data:`SPEEDRUN_BF16` where the device multiplies bfloat16 in
+    hardware.
+
+    The device is the one the trainer will use: under torchrun each process's own
+    (``cuda:LOCAL_RANK`` where CUDA is available, else the CPU, as
+    :func:`~attnlab.training.distributed.init_distributed` chooses); otherwise ``"auto"`` and
+    ``None`` as :func:`~attnlab.training.hardware.resolve_device` reads them (``None``: the CPU
+    a recipe builds its model on), and a name as given.
+    """
+    if launched_by_torchrun():
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device in (None, "auto"):
+        device = str(resolve_device(device))
     return {**SPEEDRUN_TRAIN, **(SPEEDRUN_BF16 if native_bf16(device) else {})}
 
 
