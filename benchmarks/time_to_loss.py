@@ -75,6 +75,18 @@ RECIPES: dict[str, dict[str, Any]] = {
         "batch_warmup_start": 4,
         "batch_warmup_multiple": 2,
     },
+    # 15-minute candidates (the preset overfits where 15 minutes buy ~10,000 steps): the preset
+    # with dropout 0.1 (no help on an AVX2-only host, docs/time_to_loss.md), and a wider, deeper
+    # model (6 layers, 192 wide, 2.7M parameters) with dropout 0.1 (too few steps there)
+    "speedrun-dropout": {"preset": "speedrun", "dropout": 0.1},
+    "speedrun-wide-dropout": {
+        "preset": "speedrun",
+        "d_model": 192,
+        "n_heads": 6,
+        "n_layers": 6,
+        "d_ff": 768,
+        "dropout": 0.1,
+    },
     # the preset with a sequence-length warmup: 32 -> 128 positions over the first 200 updates
     # (the best of a one-seed screen of 200/500-update sequence and batch warmups)
     "speedrun-seq-warmup": {
