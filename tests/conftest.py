@@ -1,6 +1,6 @@
 """Shared fixtures: every test in a working directory of its own (and a guard against writing into
-the checkout), deterministic seeding, one torch thread on request, and weight copying from
-``torch.nn`` reference modules.
+the checkout), deterministic seeding, one torch thread on request (and a share of the cores per
+pytest-xdist worker), and weight copying from ``torch.nn`` reference modules.
 
 Hermetic tests: each test runs with a fresh empty directory as its working directory, so a
 command it runs (``attnlab train ...`` writes ``runs/NAME`` relative to it) never meets what a
@@ -56,6 +56,17 @@ def _git_status() -> set[str] | None:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[_STATUS] = _git_status()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n N``), each worker takes its share of the machine's cores for
+    torch's threads, and so do the commands it starts (``OMP_NUM_THREADS``, unless set), so N
+    workers do not oversubscribe the cores."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        share = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(share)
+        os.environ.setdefault("OMP_NUM_THREADS", str(share))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
