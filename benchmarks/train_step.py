@@ -14,6 +14,10 @@ for-loop is several times slower on CPU, see the optimizer table), dropout off, 
 - ``x-transformers``: ``TransformerWrapper(Decoder(...))`` with flash (SDPA) attention and a tied
   head (skipped, with the reason, when the package is not installed: ``pip install .[bench]``);
 - ``torch.nn``: a GPT made of ``nn.TransformerEncoder`` (pre-norm, GELU, causal mask);
+- two rows that take the gap between the first two apart: ``minimal GPT (separate q/k/v)``, the
+  minimal GPT with three q, k and v linears as attnlab has them (nanoGPT's layout otherwise),
+  and ``attnlab layers (nanoGPT shell)``, attnlab's decoder layers inside the minimal GPT's
+  embeddings, head and loss (only with ``--rows``);
 - ``--compile`` adds ``torch.compile`` rows for attnlab and the minimal GPT, and two more for
   attnlab: Inductor's C++ wrapper (``cpp_wrapper``: the compiled graph called from C++, not
   Python) and Inductor leaving GELU and LayerNorm to ATen's kernels
@@ -48,7 +52,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -143,6 +147,49 @@ class MinimalGPT(nn.Module):
 
 def build_minimal(s: Shape) -> tuple[nn.Module, LossFn]:
     model = MinimalGPT(s)
+    return model, lambda x, y: _lm_loss(model(x), y)
+
+
+class SeparateQKVBlock(MinimalBlock):
+    """:class:`MinimalBlock` with three q, k and v linears (attnlab's layout) for the fused one."""
+
+    def __init__(self, d: int, n_heads: int) -> None:
+        super().__init__(d, n_heads)
+        del self.qkv
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, T, E = x.shape
+        h = self.ln_1(x)
+        q, k, v = (
+            t(h).view(B, T, self.n_heads, -1).transpose(1, 2) for t in (self.q, self.k, self.v)
+        )  # (B, H, T, D) each
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        x = x + self.proj(a.transpose(1, 2).reshape(B, T, E))
+        return x + self.fc_out(F.gelu(self.fc(self.ln_2(x))))
+
+
+def build_minimal_separate_qkv(s: Shape) -> tuple[nn.Module, LossFn]:
+    model = MinimalGPT(s)
+    model.blocks = nn.ModuleList(SeparateQKVBlock(s.d_model, s.n_heads) for _ in range(s.n_layers))
+    return model, lambda x, y: _lm_loss(model(x), y)
+
+
+class _CausalLayer(nn.Module):
+    """An attnlab decoder layer called as a minimal block: ``x -> layer(x, is_causal=True)``."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: Tensor) -> Tensor:
+        return cast(Tensor, self.layer(x, is_causal=True))
+
+
+def build_attnlab_layers_in_minimal(s: Shape) -> tuple[nn.Module, LossFn]:
+    model = MinimalGPT(s)
+    layers = cast(nn.ModuleList, build_attnlab(s, "gelu")[0].layers)
+    model.blocks = nn.ModuleList(_CausalLayer(layer) for layer in layers)
     return model, lambda x, y: _lm_loss(model(x), y)
 
 
@@ -280,6 +327,10 @@ def competitors(args: argparse.Namespace) -> dict[str, Callable[[Shape], tuple[n
         "x-transformers": build_x_transformers,
         "torch.nn.TransformerEncoder": build_torch_nn,
     }
+    attribution = {
+        "minimal GPT (separate q/k/v)": build_minimal_separate_qkv,
+        "attnlab layers (nanoGPT shell)": build_attnlab_layers_in_minimal,
+    }
     if args.compile:
         rows["attnlab (compiled)"] = compiled(lambda s: build_attnlab(s, "gelu"))
         rows["minimal GPT (compiled)"] = compiled(build_minimal)
@@ -292,6 +343,7 @@ def competitors(args: argparse.Namespace) -> dict[str, Callable[[Shape], tuple[n
         )
     if args.rows:
         wanted = [r.strip() for r in args.rows.split(",")]
+        rows |= attribution
         unknown = [r for r in wanted if r not in rows]
         if unknown:
             raise SystemExit(f"unknown rows {unknown}; valid: {', '.join(rows)}")
