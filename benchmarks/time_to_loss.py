@@ -311,9 +311,14 @@ def write_nanogpt_data(folder: Path) -> None:
 
 
 def _nanogpt(work: Path, argv: list[str]) -> dict[str, Any]:
+    from attnlab.training.allocator import GLIBC_TUNABLES
+
     start = time.perf_counter()
+    # with the allocator setting attnlab's trainer makes on the CPU (retain_cpu_memory): set
+    # before the process starts, where glibc reads it, so both sides page-fault alike
+    env = {**os.environ, "GLIBC_TUNABLES": GLIBC_TUNABLES}
     done = subprocess.run([sys.executable, "train.py", *argv], cwd=work, capture_output=True,
-                          text=True, check=False)  # fmt: skip
+                          text=True, check=False, env=env)  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(f"nanoGPT failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     iters, evals = [], {}

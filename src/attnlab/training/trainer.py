@@ -63,6 +63,7 @@ import torch
 from torch import nn
 
 from attnlab.data.batches import shard_batch
+from attnlab.training.allocator import retain_freed_memory
 from attnlab.training.checkpointing import TrainerCheckpoints
 from attnlab.training.config import TrainConfig
 from attnlab.training.distributed import (
@@ -257,6 +258,8 @@ class Trainer:
         # device, precision, checkpointing (attnlab.training.hardware, attnlab.transforms)
         process = self.dist.device if self.dist.enabled else None
         self.device = resolve_device(config.device, unwrap_model(model), process)
+        if config.retain_cpu_memory and self.device.type == "cpu":
+            retain_freed_memory()  # the steps reuse freed pages (benchmarks/cpu_allocator.py)
         self.precision = Precision(config.precision, self.device)
         model = self.precision.prepare_model(model.to(self.device))
         if config.activation_checkpointing:

@@ -49,7 +49,8 @@ RESUMABLE = {
     "train": ("steps", "max_minutes", "max_epochs", "eval_every", "eval_batches", "log_every",
               "checkpoint_every", "checkpoint_every_minutes", "keep_checkpoints", "progress",
               "tensorboard", "fsdp", "average_last", "early_stopping", "save_best",
-              "export_last", "device", "precision", "compile", "activation_checkpointing"),
+              "export_last", "device", "precision", "compile", "activation_checkpointing",
+              "retain_cpu_memory"),
     "options": ("eval_bleu_sentences", "eval_size"),
 }  # fmt: skip
 

@@ -1,0 +1,84 @@
+"""``attnlab.training.allocator``: with freed memory retained, a training-like pattern of
+allocations stops page-faulting; the trainer sets it on the CPU unless told not to."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from attnlab.training import allocator
+from attnlab.training.allocator import (
+    MAX_MMAP_THRESHOLD,
+    release_freed_memory,
+    retain_freed_memory,
+)
+from attnlab.training.trainer import Trainer
+
+from .test_hardware import gpt_setup
+
+glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+
+# A fresh process (the setting is the process's): "steps" that each allocate eight 4 MiB tensors,
+# write them, and free them all, as a forward allocates activations and the backward frees them.
+# The page faults per step with glibc's own thresholds, then after retain_freed_memory().
+_FAULTS = """
+import json, resource, torch
+from attnlab.training.allocator import retain_freed_memory
+
+def faults_per_step(steps=10):
+    for _ in range(3):
+        [torch.ones(2**20) for _ in range(8)]  # reach the steady state first
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(steps):
+        [torch.ones(2**20) for _ in range(8)]  # 8 x 4 MiB, freed at the end of the line
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start) / steps
+
+before = faults_per_step()
+retained = retain_freed_memory()
+print(json.dumps({"before": before, "retained": retained, "after": faults_per_step()}))
+"""
+
+
+@glibc_only
+def test_retained_memory_stops_the_page_faults_of_each_step() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    out = subprocess.run([sys.executable, "-c", _FAULTS], capture_output=True, text=True,
+                         env=env, timeout=120, check=True)  # fmt: skip
+    faults = json.loads(out.stdout.strip().splitlines()[-1])
+    assert faults["retained"] is True
+    # 32 MiB given back and faulted in again each step: 8,192 pages of 4 KiB
+    assert faults["before"] > 4000, faults
+    assert faults["after"] < 100, faults
+
+
+@glibc_only
+def test_retain_sets_glibc_and_checks_its_threshold() -> None:
+    assert retain_freed_memory() is True
+    assert retain_freed_memory(1 << 20) is True  # repeating is harmless
+    assert retain_freed_memory() is True  # back to the default
+    assert isinstance(release_freed_memory(), bool)
+    for bad in (0, MAX_MMAP_THRESHOLD + 1):
+        with pytest.raises(ValueError, match=f"mmap_threshold must be 1 to .*got {bad}"):
+            retain_freed_memory(bad)
+
+
+def test_without_glibc_nothing_is_done(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(allocator, "_glibc", lambda: None)
+    assert retain_freed_memory() is False
+    assert release_freed_memory() is False
+
+
+@pytest.mark.parametrize("retain", [True, False])
+def test_the_trainer_retains_cpu_memory_unless_told_not_to(
+    monkeypatch: pytest.MonkeyPatch, retain: bool
+) -> None:
+    calls: list[Any] = []
+    monkeypatch.setattr("attnlab.training.trainer.retain_freed_memory", lambda: calls.append(1))
+    Trainer(*gpt_setup(steps=2, device="cpu", retain_cpu_memory=retain))
+    assert calls == ([1] if retain else [])
