@@ -1,5 +1,5 @@
 """The CPU train step with glibc's default allocator settings and with freed memory retained
-(:func:`attnlab.training.allocator.retain_freed_memory`, the trainer's ``retain_cpu_memory``).
+(:func:`attnlab.allocator.retain_freed_memory`, the trainer's ``retain_cpu_memory``).
 
 The setting belongs to a process, so each arm is a process of its own, and the two take turns
 (a host whose speed drifts over minutes, as shared ones do, then slows both alike): per shape,
@@ -38,8 +38,8 @@ from typing import Any
 import torch
 
 import attnlab
+from attnlab.allocator import retain_freed_memory
 from attnlab.analysis.attention_bench import describe_machine, machine_info
-from attnlab.training.allocator import retain_freed_memory
 from attnlab.training.recipes.text import SPEEDRUN_MODEL
 
 RESULTS = Path(__file__).resolve().parent / "results"

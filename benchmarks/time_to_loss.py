@@ -311,7 +311,7 @@ def write_nanogpt_data(folder: Path) -> None:
 
 
 def _nanogpt(work: Path, argv: list[str]) -> dict[str, Any]:
-    from attnlab.training.allocator import GLIBC_TUNABLES
+    from attnlab.allocator import GLIBC_TUNABLES
 
     start = time.perf_counter()
     # with the allocator setting attnlab's trainer makes on the CPU (retain_cpu_memory): set

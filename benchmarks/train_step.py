@@ -79,7 +79,11 @@ class Shape:
 SHAPES = {
     "baby": Shape(n_layers=4, n_heads=4, d_model=128, context=64, batch=12),
     "shakespeare": Shape(n_layers=6, n_heads=6, d_model=384, context=256, batch=8),
+    # the baby GPT on 4 tokens: its kernels take next to nothing, so a step's time is what the
+    # framework and the model's Python cost per step (only with --shapes)
+    "overhead": Shape(n_layers=4, n_heads=4, d_model=128, context=4, batch=1),
 }
+DEFAULT_SHAPES = "baby,shakespeare"
 
 LossFn = Callable[[Tensor, Tensor], Tensor]  # (ids, targets) -> scalar loss
 
@@ -621,7 +625,9 @@ def _breakdown_lines(shape: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated")
+    parser.add_argument(
+        "--shapes", default=DEFAULT_SHAPES, help=f"comma-separated, of {', '.join(SHAPES)}"
+    )
     parser.add_argument("--rows", default="", help="comma-separated subset of the rows")
     parser.add_argument("--rounds", type=int, default=None, help="default 10 (--quick: 3)")
     parser.add_argument("--steps", type=int, default=None, help="steps per burst (default: auto)")
@@ -635,6 +641,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=str(RESULTS / "train_step.json"))
     parser.add_argument("--markdown", default=str(RESULTS / "train_step.md"))
     args = parser.parse_args(argv)
+    unknown = [name for name in args.shapes.split(",") if name not in SHAPES]
+    if unknown:
+        parser.error(f"unknown shape(s) {unknown}; expected some of {list(SHAPES)}")
     if args.quick:
         args.steps = args.steps or 1
     args.rounds = args.rounds or (3 if args.quick else 10)

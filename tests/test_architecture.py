@@ -14,7 +14,7 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 # package -> floor; a package may import its own modules and lower floors only
 FLOORS = {
     "attnlab.registry": 0, "attnlab.config": 0, "attnlab.io": 0, "attnlab.integrity": 0,
-    "attnlab.progress": 0,
+    "attnlab.progress": 0, "attnlab.allocator": 0,
     "attnlab.kernels": 0,
     "attnlab.layers": 1, "attnlab.data": 1,
     "attnlab.models": 2,

@@ -18,6 +18,7 @@ from attnlab.cli import main
 from attnlab.data.text import TokenStream
 from attnlab.layers.attention_backends import math_attention
 from attnlab.models import GPT, GPTConfig
+from attnlab.training import trainer as trainer_module
 from attnlab.training.config import TrainConfig
 from attnlab.training.hardware import Precision, resolve_device
 from attnlab.training.objectives import CausalLMObjective
@@ -274,3 +275,22 @@ def test_evaluate_and_generate_take_the_precision(
         code = main(["generate", run, "--ids", "3,4,5", "--max-new-tokens", "3", "--greedy",
                      "--precision", precision])  # fmt: skip
         assert code == 0 and capsys.readouterr().out.strip()
+
+
+@pytest.mark.parametrize("retain", [True, False])
+def test_fit_keeps_freed_cpu_memory_and_gives_it_back_unless_told_not_to(
+    monkeypatch: pytest.MonkeyPatch, retain: bool
+) -> None:
+    """``retain_cpu_memory``: fit sets :func:`attnlab.allocator.retain_freed_memory` on the CPU
+    and releases the free memory when it returns; off, neither."""
+    calls: list[str] = []
+    monkeypatch.setattr(
+        trainer_module, "retain_freed_memory", lambda: calls.append("retain") or True
+    )
+    monkeypatch.setattr(
+        trainer_module, "release_freed_memory", lambda: calls.append("release") or True
+    )
+    trainer = Trainer(*gpt_setup(steps=2, device="cpu", retain_cpu_memory=retain))
+    assert calls == []
+    trainer.fit()
+    assert calls == (["retain", "release"] if retain else [])

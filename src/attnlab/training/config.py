@@ -123,8 +123,8 @@ class TrainConfig(Config):
     precision: PrecisionName = "fp32"  # -mixed: autocast, float32 weights and optimizer state
     compile: bool = False  # torch.compile the model trained (compile time reported apart)
     activation_checkpointing: int = 0  # recompute every k-th block in the backward; 0: off
-    # on the CPU with glibc: keep freed memory for the next step (attnlab.training.allocator;
-    # the process's malloc setting, from then on); False: glibc's own thresholds
+    # on the CPU with glibc: fit keeps freed memory for the next step (attnlab.allocator;
+    # the process's malloc setting, from then on) and returns it at the end; False: glibc's own
     retain_cpu_memory: bool = True
     # -- distributed (under torchrun with 2+ processes; a single process warns, the CLI refuses)
     fsdp: bool = False  # shard parameters, gradients and optimizer state (FSDP2); else DDP

@@ -62,8 +62,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from attnlab.allocator import release_freed_memory, retain_freed_memory
 from attnlab.data.batches import shard_batch
-from attnlab.training.allocator import retain_freed_memory
 from attnlab.training.checkpointing import TrainerCheckpoints
 from attnlab.training.config import TrainConfig
 from attnlab.training.distributed import (
@@ -258,8 +258,6 @@ class Trainer:
         # device, precision, checkpointing (attnlab.training.hardware, attnlab.transforms)
         process = self.dist.device if self.dist.enabled else None
         self.device = resolve_device(config.device, unwrap_model(model), process)
-        if config.retain_cpu_memory and self.device.type == "cpu":
-            retain_freed_memory()  # the steps reuse freed pages (benchmarks/cpu_allocator.py)
         self.precision = Precision(config.precision, self.device)
         model = self.precision.prepare_model(model.to(self.device))
         if config.activation_checkpointing:
@@ -571,6 +569,9 @@ class Trainer:
         warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
         if c.deterministic:  # restored when fit returns
             torch.use_deterministic_algorithms(True, warn_only=True)
+        # the steps reuse the pages their predecessors freed (attnlab.allocator); what is kept
+        # free goes back to the system when fit returns
+        retained = c.retain_cpu_memory and self.device.type == "cpu" and retain_freed_memory()
         owner, log = None, None
         try:
             owner = self._own_run()  # before anything of the run is read or written
@@ -586,6 +587,8 @@ class Trainer:
             if owner is not None:
                 owner.release()
             torch.use_deterministic_algorithms(was_deterministic, warn_only=warn_only)
+            if retained:
+                release_freed_memory()
         result.step, result.elapsed_s = self.step, self.elapsed
         result.best_value, result.best_step = self.best_value, self.best_step
         result.compile_s, result.setup = self.compile_s, self.setup_info()

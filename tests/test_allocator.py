@@ -1,5 +1,5 @@
-"""``attnlab.training.allocator``: with freed memory retained, a training-like pattern of
-allocations stops page-faulting; the trainer sets it on the CPU unless told not to."""
+"""``attnlab.allocator``: with freed memory retained, a training-like pattern of
+allocations stops page-faulting (the trainer's side: tests/training/test_hardware.py)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,15 @@ import os
 import platform
 import subprocess
 import sys
-from typing import Any
 
 import pytest
 
-from attnlab.training import allocator
-from attnlab.training.allocator import (
+from attnlab import allocator
+from attnlab.allocator import (
     MAX_MMAP_THRESHOLD,
     release_freed_memory,
     retain_freed_memory,
 )
-from attnlab.training.trainer import Trainer
-
-from .test_hardware import gpt_setup
 
 glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 
@@ -29,7 +25,7 @@ glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc
 # The page faults per step with glibc's own thresholds, then after retain_freed_memory().
 _FAULTS = """
 import json, resource, torch
-from attnlab.training.allocator import retain_freed_memory
+from attnlab.allocator import retain_freed_memory
 
 def faults_per_step(steps=10):
     for _ in range(3):
@@ -72,13 +68,3 @@ def test_without_glibc_nothing_is_done(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(allocator, "_glibc", lambda: None)
     assert retain_freed_memory() is False
     assert release_freed_memory() is False
-
-
-@pytest.mark.parametrize("retain", [True, False])
-def test_the_trainer_retains_cpu_memory_unless_told_not_to(
-    monkeypatch: pytest.MonkeyPatch, retain: bool
-) -> None:
-    calls: list[Any] = []
-    monkeypatch.setattr("attnlab.training.trainer.retain_freed_memory", lambda: calls.append(1))
-    Trainer(*gpt_setup(steps=2, device="cpu", retain_cpu_memory=retain))
-    assert calls == ([1] if retain else [])

@@ -1,4 +1,4 @@
-"""The CPU's memory allocator during training: keep freed memory for the next step.
+"""The C library's memory allocator: freed memory kept for the next training step.
 
 PyTorch's CPU tensors come from the C library's ``malloc``. glibc's (Linux) serves a block above
 its *mmap threshold* with a fresh ``mmap`` and returns it to the system when freed, and it gives
@@ -16,14 +16,16 @@ heap, and the heap is not trimmed, so a step reuses the pages its predecessor fr
 per step fall to about zero. The process then holds on to its peak heap until it ends or calls
 :func:`release_freed_memory` (``malloc_trim``): what a CUDA caching allocator does on a GPU.
 ``benchmarks/cpu_allocator.py`` measures the step time with and without it
-(``benchmarks/results/cpu_allocator.md``). The trainer calls it when it trains on the CPU with
+(``benchmarks/results/cpu_allocator.md``). ``Trainer.fit`` calls it when it trains on the CPU with
 ``TrainConfig.retain_cpu_memory`` (the default). Elsewhere than glibc (macOS, Windows, musl) the
 functions do nothing and say so; the same effect comes from ``GLIBC_TUNABLES`` before a process
 starts (``glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=2147483647``), which
 is how a process that is not ours (nanoGPT's ``train.py``) gets it.
 
 The setting is the process's, not one model's; the values computed do not change (the
-allocator only decides where tensors live).
+allocator only decides where tensors live). The system counts the memory a process keeps free
+as used, so the trainer gives it back when ``fit`` returns (:func:`release_freed_memory`): a
+memory check later in the process (:mod:`attnlab.analysis.memory_check`) then sees it available.
 """
 
 from __future__ import annotations
