@@ -20,19 +20,33 @@ from attnlab.allocator import (
 
 glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 
-# A fresh process (the setting is the process's): "steps" that each allocate eight 4 MiB tensors,
-# write them, and free them all, as a forward allocates activations and the backward frees them.
-# The page faults per step with glibc's own thresholds, then after retain_freed_memory().
+# A fresh process (the setting is the process's): "steps" that each take eight 4 MiB blocks
+# from malloc, write them and free them, as a forward allocates activations and the backward
+# frees them (through ctypes, so that no other allocation lands between them on the heap). The
+# page faults per step with glibc's own thresholds, then after retain_freed_memory().
 _FAULTS = """
-import json, resource, torch
+import ctypes, json, resource
 from attnlab.allocator import retain_freed_memory
+
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+SIZE = 4 << 20
+
+def step():
+    blocks = [libc.malloc(SIZE) for _ in range(8)]
+    for b in blocks:
+        ctypes.memset(b, 1, SIZE)
+    for b in reversed(blocks):
+        libc.free(b)
 
 def faults_per_step(steps=10):
     for _ in range(3):
-        [torch.ones(2**20) for _ in range(8)]  # reach the steady state first
+        step()  # glibc's thresholds settle on the block size first
     start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(steps):
-        [torch.ones(2**20) for _ in range(8)]  # 8 x 4 MiB, freed at the end of the line
+        step()
     return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start) / steps
 
 before = faults_per_step()

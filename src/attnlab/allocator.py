@@ -71,11 +71,11 @@ def retain_freed_memory(mmap_threshold: int = MAX_MMAP_THRESHOLD) -> bool:
 
     Returns:
         ``True`` when glibc took both settings; ``False`` where the C library is not glibc
-        (nothing is changed).
+        (nothing is changed) or refused one (a 32-bit glibc takes thresholds up to 512 KiB
+        only): training goes on as before either way.
 
     Raises:
         ValueError: for a threshold outside 1 B to 32 MiB.
-        RuntimeError: when glibc refuses a setting.
     """
     if not 1 <= mmap_threshold <= MAX_MMAP_THRESHOLD:
         raise ValueError(
@@ -84,13 +84,10 @@ def retain_freed_memory(mmap_threshold: int = MAX_MMAP_THRESHOLD) -> bool:
     libc = _glibc()
     if libc is None:
         return False
-    for name, param, value in (
-        ("M_MMAP_THRESHOLD", _M_MMAP_THRESHOLD, mmap_threshold),
-        ("M_TRIM_THRESHOLD", _M_TRIM_THRESHOLD, NEVER_TRIM),
-    ):
-        if libc.mallopt(ctypes.c_int(param), ctypes.c_int(value)) != 1:
-            raise RuntimeError(f"glibc's mallopt refused {name}={value}")
-    return True
+    return all(
+        libc.mallopt(ctypes.c_int(param), ctypes.c_int(value)) == 1
+        for param, value in ((_M_MMAP_THRESHOLD, mmap_threshold), (_M_TRIM_THRESHOLD, NEVER_TRIM))
+    )
 
 
 def release_freed_memory() -> bool:
