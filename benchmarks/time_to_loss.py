@@ -87,6 +87,12 @@ RECIPES: dict[str, dict[str, Any]] = {
         "d_ff": 768,
         "dropout": 0.1,
     },
+    # 15-minute candidate: the preset on nanoGPT's shakespeare-char context (256 positions),
+    # with the same characters per step (6 rows of 256 rather than 12 of 128)
+    "speedrun-context-256": {"preset": "speedrun", "max_seq_len": 256, "batch_size": 6},
+    # 15-minute candidate: the preset 6 layers deep (1.2M parameters), since 13% more steps of
+    # the preset itself barely moved its 15-minute loss on the AVX2-only host
+    "speedrun-deep": {"preset": "speedrun", "n_layers": 6},
     # the preset with a sequence-length warmup: 32 -> 128 positions over the first 200 updates
     # (the best of a one-seed screen of 200/500-update sequence and batch warmups)
     "speedrun-seq-warmup": {

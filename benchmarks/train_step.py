@@ -17,7 +17,9 @@ for-loop is several times slower on CPU, see the optimizer table), dropout off, 
 - two rows that take the gap between the first two apart: ``minimal GPT (separate q/k/v)``, the
   minimal GPT with three q, k and v linears as attnlab has them (nanoGPT's layout otherwise),
   and ``attnlab layers (nanoGPT shell)``, attnlab's decoder layers inside the minimal GPT's
-  embeddings, head and loss (only with ``--rows``);
+  embeddings, head and loss; and ``attnlab (q/k/v as three products)``, attnlab with its q, k
+  and v linears called one by one, as before the training step's stacked product (only with
+  ``--rows``);
 - ``--compile`` adds ``torch.compile`` rows for attnlab and the minimal GPT, and two more for
   attnlab: Inductor's C++ wrapper (``cpp_wrapper``: the compiled graph called from C++, not
   Python) and Inductor leaving GELU and LayerNorm to ATen's kernels
@@ -197,6 +199,18 @@ def build_attnlab_layers_in_minimal(s: Shape) -> tuple[nn.Module, LossFn]:
     return model, lambda x, y: _lm_loss(model(x), y)
 
 
+def build_attnlab_three_products(s: Shape) -> tuple[nn.Module, LossFn]:
+    """attnlab with its q, k and v linears called as three modules in the training step (a
+    no-op forward pre-hook on each, which :class:`attnlab.layers.MultiHeadAttention` takes as
+    "observed" and so does not stack them): the step before the stacked product."""
+    model, loss_fn = build_attnlab(s, "gelu")
+    for layer in cast(nn.ModuleList, model.layers):
+        attn = layer.self_attn
+        for linear in (attn.q_proj, attn.k_proj, attn.v_proj):
+            linear.register_forward_pre_hook(lambda module, args: None)
+    return model, loss_fn
+
+
 def build_transformers(s: Shape, attn: str, activation: str) -> tuple[nn.Module, LossFn]:
     import transformers
 
@@ -334,6 +348,7 @@ def competitors(args: argparse.Namespace) -> dict[str, Callable[[Shape], tuple[n
     attribution = {
         "minimal GPT (separate q/k/v)": build_minimal_separate_qkv,
         "attnlab layers (nanoGPT shell)": build_attnlab_layers_in_minimal,
+        "attnlab (q/k/v as three products)": build_attnlab_three_products,
     }
     if args.compile:
         rows["attnlab (compiled)"] = compiled(lambda s: build_attnlab(s, "gelu"))

@@ -64,9 +64,22 @@ def pytest_configure(config: pytest.Config) -> None:
     workers do not oversubscribe the cores."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
-        share = max(1, (os.cpu_count() or 1) // workers)
+        share = thread_share(workers, usable_cpus())
         torch.set_num_threads(share)
         os.environ.setdefault("OMP_NUM_THREADS", str(share))
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, which a container or ``taskset``
+    narrows), else the machine's count."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def thread_share(workers: int, cpus: int) -> int:
+    """torch threads per pytest-xdist worker: the usable CPUs split evenly, at least one."""
+    return max(1, cpus // workers)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

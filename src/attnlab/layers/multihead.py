@@ -5,7 +5,10 @@
 
 The h per-head projections are one ``(E, H·D)`` linear each (``q_proj``, ``k_proj``, ``v_proj``)
 reshaped into heads; ``out_proj`` is W^O. With ``n_kv_heads < n_heads`` several query heads share
-one key/value head (GQA; ``n_kv_heads=1`` is multi-query attention).
+one key/value head (GQA; ``n_kv_heads=1`` is multi-query attention). While autograd records (a
+training step), self-attention multiplies x once by the three weights stacked, as nanoGPT's one
+``c_attn`` does, rather than three times; the parameters stay three modules
+(:meth:`MultiHeadAttention._stacked_in_weights` says when, and when not).
 
 Two later additions, both off unless their modules are passed:
 
@@ -38,7 +41,9 @@ import warnings
 from typing import ClassVar, cast
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules import module as torch_module
 
 from attnlab.layers.attention import scaled_dot_product_attention
 from attnlab.layers.attention_backends import AttentionBackend, get_attention_backend
@@ -141,13 +146,59 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """q ``(B, H, T, D)``, k and v ``(B, H_kv, T, D)`` of self-attention (q and k
         normalised with QK-norm, the value embedding ``(B, T, H_kv·D)`` mixed into v)."""
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, T, H·D | H_kv·D)
+        stacked = self._stacked_in_weights()
+        if stacked is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, T, H·D | H_kv·D)
+        else:  # one product for the three (a training step's forward and backward)
+            kv = self.n_kv_heads * self.d_head
+            q, k, v = F.linear(x, *stacked).split([self.n_heads * self.d_head, kv, kv], dim=-1)
         v = self.mix_values(v, value_embed)
         return (
             self.norm_q(self._heads(q, self.n_heads)),
             self.norm_k(self._heads(k, self.n_kv_heads)),
             self._heads(v, self.n_kv_heads),
         )
+
+    def _stacked_in_weights(self) -> tuple[Tensor, Tensor | None] | None:
+        """W^Q, W^K and W^V stacked ``(H·D + 2·H_kv·D, E)`` with their biases, so that a
+        training step projects x once (one matrix product forward, two backward, where three
+        linears take three and six and add up three input gradients); ``None`` where the three
+        must be called as modules.
+
+        They are stacked only while autograd records (the stacking copies the weights, which a
+        decoding step of one token would pay for each product) and only for three plain
+        ``nn.Linear`` modules that nothing observes or replaces: no module hooks on them (nor
+        global ones), no instance-level ``forward``; a quantized or LoRA projection is another
+        type and is called as it is. The parameters stay three, so checkpoints, converters and
+        optimizers see the same names and shapes; their gradients reach each one through the
+        stacking's backward.
+        """
+        if not torch.is_grad_enabled():
+            return None
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        for m in projections:
+            if (
+                type(m) is not nn.Linear
+                or m._forward_hooks
+                or m._forward_pre_hooks
+                or m._backward_hooks
+                or m._backward_pre_hooks
+                or "forward" in m.__dict__
+            ):
+                return None
+        if (
+            torch_module._global_forward_hooks
+            or torch_module._global_forward_pre_hooks
+            or torch_module._global_backward_hooks
+            or torch_module._global_backward_pre_hooks
+        ):
+            return None
+        linears = cast(tuple[nn.Linear, nn.Linear, nn.Linear], projections)
+        weight = torch.cat([m.weight for m in linears])  # (H·D + 2·H_kv·D, E)
+        biases = [m.bias for m in linears]
+        if any(b is None for b in biases):
+            return None if any(b is not None for b in biases) else (weight, None)
+        return weight, torch.cat(cast(list[Tensor], biases))
 
     def norm_q(self, q: Tensor) -> Tensor:
         """QK-norm of the queries ``(B, H, T, D)`` over D (the identity without it)."""

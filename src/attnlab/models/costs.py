@@ -398,12 +398,18 @@ def norm_elems(c: Any, t: int) -> int:
     return t * c.d_model + t if c.norm == "rmsnorm" else 2 * t
 
 
-def attention_elems(c: Any, *, B: int, T: int, S: int, masked: bool) -> tuple[int, int]:
-    """(activation-dtype elements, float32 elements) of one attention sublayer."""
+def attention_elems(
+    c: Any, *, B: int, T: int, S: int, masked: bool, cross: bool = False
+) -> tuple[int, int]:
+    """(activation-dtype elements, float32 elements) of one attention sublayer (``cross``:
+    cross-attention, whose q and k/v come from two inputs and are projected apart)."""
     E, H = c.d_model, c.n_heads
     t = B * T
     act = 2 * t * E + norm_elems(c, t)  # sublayer input + projection input (+ norm stats)
     act += B * S * E + t * E  # v operand (all heads) + output-projection input
+    if not cross:  # the stacked W^Q, W^K, W^V of the training step's one q/k/v product
+        kv_width = (getattr(c, "n_kv_heads", None) or H) * (E // H)
+        act += (E + 2 * kv_width) * E
     fp32 = t * E + B * S * E  # q and k operands of QKᵀ
     fp32 += (3 if masked else 2) * B * H * T * S  # scores, softmax output (+ masked weights)
     return act, fp32
@@ -428,7 +434,7 @@ def stack_activations(
     act, fp32 = attention_elems(c, B=B, T=T, S=T, masked=masked)
     scores = (3 if masked else 2) * B * c.n_heads * T * T
     if memory_len is not None:
-        a2, f2 = attention_elems(c, B=B, T=T, S=memory_len, masked=masked)
+        a2, f2 = attention_elems(c, B=B, T=T, S=memory_len, masked=masked, cross=True)
         act, fp32 = act + a2, fp32 + f2
         scores += (3 if masked else 2) * B * c.n_heads * T * memory_len
     act += ffn_elems(c, B * T)
