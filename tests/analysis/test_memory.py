@@ -16,6 +16,7 @@ from attnlab.analysis.memory import (
     kv_cache_bytes_per_token,
     training_memory,
 )
+from attnlab.layers import MultiHeadAttention
 
 BABY = dataclasses.replace(PRESETS["gpt-char-baby"], dropout=0.0)
 
@@ -54,6 +55,38 @@ def test_activation_estimate_matches_saved_tensors(name: str) -> None:
     measured = measure_activation_bytes(model, args, kwargs)
     estimate = activation_bytes(config, n, batch=4)
     assert estimate["total"] == pytest.approx(measured, rel=0.01)
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama-gqa", "bert", "encoder-decoder"])
+def test_activation_estimate_counts_the_stacked_qkv_weights(name: str) -> None:
+    """With as many tokens as the stacked q/k/v weight has rows, a training step stacks the
+    weights of every self-attention (not cross-attention) and keeps the copy for its backward:
+    the estimate counts it (within 1%, as above), and one token fewer per batch row drops it."""
+    config = ACTIVATION_CASES[name]
+    n = 16
+    model = build_model(config).train()
+    attention = next(m for m in model.modules() if isinstance(m, MultiHeadAttention))
+    rows = attention.q_proj.out_features + 2 * attention.k_proj.out_features
+    batch = -(-rows // n)  # B·T >= rows
+    with torch.enable_grad():
+        assert attention._stacked_in_weights(batch * n) is not None
+        assert attention._stacked_in_weights(rows - 1) is None
+    args, _ = example_inputs(config, batch=batch, seq_len=n)
+    index = 1 if name == "encoder-decoder" else 0
+    kwargs = {"targets": torch.randint(3, config.vocab_size, args[index].shape)}
+    measured = measure_activation_bytes(model, args, kwargs)
+    estimate = activation_bytes(config, n, batch=batch)
+    assert estimate["total"] == pytest.approx(measured, rel=0.01)
+    self_attentions = [
+        m for name, m in model.named_modules() if name.endswith("self_attn") and m is not None
+    ]
+    assert self_attentions
+    for m in self_attentions:  # a hook makes them call their three linears: no copies
+        for linear in (m.q_proj, m.k_proj, m.v_proj):
+            linear.register_forward_pre_hook(lambda module, args: None)
+    unstacked = measure_activation_bytes(model, args, kwargs)
+    copies = len(self_attentions) * rows * config.d_model * 4  # float32, one per self-attention
+    assert measured - unstacked == copies
 
 
 def test_attention_scores_grow_quadratically() -> None:

@@ -38,20 +38,22 @@ def test_stacked_product_matches_three_linears(n_kv_heads: int, bias: bool) -> N
     torch.manual_seed(0)
     mha = MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads, bias=bias)
     twin = _unstacked(mha)
+    rows = 32 + 2 * 8 * n_kv_heads
     with torch.no_grad():
-        assert mha._stacked_in_weights() is None  # nothing recorded: three modules
-    stacked = mha._stacked_in_weights()
-    assert stacked is not None and stacked[0].shape == (32 + 2 * 8 * n_kv_heads, 32)
+        assert mha._stacked_in_weights(rows) is None  # nothing recorded: three modules
+    assert mha._stacked_in_weights(rows - 1) is None  # the copy would outgrow the input
+    stacked = mha._stacked_in_weights(rows)
+    assert stacked is not None and stacked[0].shape == (rows, 32)
     assert (stacked[1] is None) is not bias
-    assert twin._stacked_in_weights() is None
-    x = torch.randn(3, 7, 32)
+    assert twin._stacked_in_weights(rows) is None
+    x = torch.randn(4, 24, 32)  # 96 tokens: stacked
     out, grads = _loss_and_grads(mha, x)
     ref_out, ref_grads = _loss_and_grads(twin, x)
     torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-6)
     assert grads.keys() == ref_grads.keys()
     assert {"q_proj.weight", "k_proj.weight", "v_proj.weight"} <= grads.keys()
     for name in grads:
-        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-5)
 
 
 def test_value_embeddings_and_qk_norm_go_through_the_stacked_product() -> None:
@@ -60,7 +62,8 @@ def test_value_embeddings_and_qk_norm_go_through_the_stacked_product() -> None:
         32, 4, value_embed=True, q_norm=nn.RMSNorm(8), k_norm=nn.RMSNorm(8), bias=False
     )
     twin = _unstacked(mha)
-    x, ve = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
+    x, ve = torch.randn(4, 24, 32), torch.randn(4, 24, 32)
+    assert mha._stacked_in_weights(96) is not None
     out = mha(x, is_causal=True, value_embed=ve)[0]
     ref = twin(x, is_causal=True, value_embed=ve)[0]
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
@@ -72,10 +75,10 @@ def test_observed_or_replaced_projections_are_called_as_modules() -> None:
     mha = MultiHeadAttention(16, 2)
     seen: list[tuple[int, ...]] = []
     handle = mha.k_proj.register_forward_hook(lambda m, args, out: seen.append(tuple(out.shape)))
-    mha(torch.randn(2, 3, 16), is_causal=True)[0].sum().backward()
-    assert seen == [(2, 3, 16)]
+    mha(torch.randn(2, 24, 16), is_causal=True)[0].sum().backward()
+    assert seen == [(2, 24, 16)]
     handle.remove()
-    assert mha._stacked_in_weights() is not None
+    assert mha._stacked_in_weights(48) is not None
 
     class Scaled(nn.Linear):
         def forward(self, x: Tensor) -> Tensor:
@@ -83,17 +86,17 @@ def test_observed_or_replaced_projections_are_called_as_modules() -> None:
 
     scaled = Scaled(16, 16)
     scaled.load_state_dict(mha.v_proj.state_dict())
-    plain_out = mha(torch.ones(1, 2, 16), is_causal=True)[0]
+    plain_out = mha(torch.ones(1, 48, 16), is_causal=True)[0]
     mha.v_proj = scaled
-    assert mha._stacked_in_weights() is None
-    assert not torch.allclose(mha(torch.ones(1, 2, 16), is_causal=True)[0], plain_out)
+    assert mha._stacked_in_weights(48) is None
+    assert not torch.allclose(mha(torch.ones(1, 48, 16), is_causal=True)[0], plain_out)
 
     patched = MultiHeadAttention(16, 2)
     patched.q_proj.forward = lambda x: torch.zeros(*x.shape[:-1], 16)  # type: ignore[method-assign]
-    assert patched._stacked_in_weights() is None
+    assert patched._stacked_in_weights(48) is None
     handle = nn.modules.module.register_module_forward_hook(lambda m, args, out: None)
     try:
-        assert MultiHeadAttention(16, 2)._stacked_in_weights() is None
+        assert MultiHeadAttention(16, 2)._stacked_in_weights(48) is None
     finally:
         handle.remove()
 
@@ -101,6 +104,6 @@ def test_observed_or_replaced_projections_are_called_as_modules() -> None:
 def test_mixed_biases_fall_back_to_three_linears() -> None:
     mha = MultiHeadAttention(16, 2)
     mha.k_proj = nn.Linear(16, 16, bias=False)
-    assert mha._stacked_in_weights() is None
-    out = mha(torch.randn(1, 4, 16), is_causal=True)[0]
-    assert out.shape == (1, 4, 16)
+    assert mha._stacked_in_weights(48) is None
+    out = mha(torch.randn(1, 48, 16), is_causal=True)[0]
+    assert out.shape == (1, 48, 16)

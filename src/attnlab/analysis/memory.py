@@ -19,9 +19,10 @@ H heads and S keys:
   t·E``; the scores before the softmax (kept for the masking/clamping) and the softmax output,
   ``2·B·H·T·S``, plus the masked weights when a mask applies (``3·B·H·T·S``); the ``q``/``k``
   operands and the scores are float32 (the math path computes scores in at least float32);
-  self-attention also keeps its q, k and v weights stacked, ``(E + 2·H_kv·D)·E`` (the training
-  step's one product through them, :class:`~attnlab.layers.MultiHeadAttention`), which
-  cross-attention, projecting two inputs, does not;
+  self-attention also keeps its q, k and v weights stacked, ``(E + 2·H_kv·D)·E``, where
+  ``t >= E + 2·H_kv·D`` (the training step's one product through them,
+  :class:`~attnlab.layers.MultiHeadAttention`), which cross-attention, projecting two inputs,
+  does not;
 - FFN: the hidden activations, ``2·t·F`` (ReLU keeps its output only: ``t·F``; GLU variants
   ``4·t·F``).
 

@@ -146,7 +146,7 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """q ``(B, H, T, D)``, k and v ``(B, H_kv, T, D)`` of self-attention (q and k
         normalised with QK-norm, the value embedding ``(B, T, H_kv·D)`` mixed into v)."""
-        stacked = self._stacked_in_weights()
+        stacked = self._stacked_in_weights(x.shape[0] * x.shape[1])
         if stacked is None:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, T, H·D | H_kv·D)
         else:  # one product for the three (a training step's forward and backward)
@@ -159,21 +159,25 @@ class MultiHeadAttention(nn.Module):
             self._heads(v, self.n_kv_heads),
         )
 
-    def _stacked_in_weights(self) -> tuple[Tensor, Tensor | None] | None:
+    def _stacked_in_weights(self, tokens: int) -> tuple[Tensor, Tensor | None] | None:
         """W^Q, W^K and W^V stacked ``(H·D + 2·H_kv·D, E)`` with their biases, so that a
-        training step projects x once (one matrix product forward, two backward, where three
-        linears take three and six and add up three input gradients); ``None`` where the three
-        must be called as modules.
+        training step projects its ``tokens`` (B·T) rows of x once (one matrix product forward,
+        two backward, where three linears take three and six and add up three input gradients);
+        ``None`` where the three are called as modules.
 
-        They are stacked only while autograd records (the stacking copies the weights, which a
-        decoding step of one token would pay for each product) and only for three plain
-        ``nn.Linear`` modules that nothing observes or replaces: no module hooks on them (nor
-        global ones), no instance-level ``forward``; a quantized or LoRA projection is another
-        type and is called as it is. The parameters stay three, so checkpoints, converters and
-        optimizers see the same names and shapes; their gradients reach each one through the
-        stacking's backward.
+        The stacked weight is a copy, and autograd keeps it for the backward pass. So they are
+        stacked only while autograd records (not when decoding, where each token would pay for
+        the copy), only when the copy is no larger than the input x it multiplies (``tokens >=
+        H·D + 2·H_kv·D``: at most one more ``(B, T, E)`` tensor per layer, of the dozen or so a
+        layer keeps; a large model trained on few tokens is not charged a quarter of its
+        weights again), and only for three plain ``nn.Linear`` modules that nothing observes or
+        replaces: no module hooks on them (nor global ones), no instance-level ``forward``; a
+        quantized or LoRA projection is another type and is called as it is. The parameters
+        stay three, so checkpoints, converters and optimizers see the same names and shapes;
+        their gradients reach each one through the stacking's backward.
         """
-        if not torch.is_grad_enabled():
+        rows = self.q_proj.out_features + 2 * self.k_proj.out_features
+        if not torch.is_grad_enabled() or tokens < rows:
             return None
         projections = (self.q_proj, self.k_proj, self.v_proj)
         for m in projections:

@@ -407,8 +407,8 @@ def attention_elems(
     t = B * T
     act = 2 * t * E + norm_elems(c, t)  # sublayer input + projection input (+ norm stats)
     act += B * S * E + t * E  # v operand (all heads) + output-projection input
-    if not cross:  # the stacked W^Q, W^K, W^V of the training step's one q/k/v product
-        kv_width = (getattr(c, "n_kv_heads", None) or H) * (E // H)
+    kv_width = (getattr(c, "n_kv_heads", None) or H) * (E // H)
+    if not cross and t >= E + 2 * kv_width:  # the training step's stacked W^Q, W^K, W^V
         act += (E + 2 * kv_width) * E
     fp32 = t * E + B * S * E  # q and k operands of QKᵀ
     fp32 += (3 if masked else 2) * B * H * T * S  # scores, softmax output (+ masked weights)
