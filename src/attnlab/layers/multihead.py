@@ -176,8 +176,9 @@ class MultiHeadAttention(nn.Module):
         stay three, so checkpoints, converters and optimizers see the same names and shapes;
         their gradients reach each one through the stacking's backward.
         """
-        rows = self.q_proj.out_features + 2 * self.k_proj.out_features
-        if not torch.is_grad_enabled() or tokens < rows:
+        if not torch.is_grad_enabled():  # decoding: nothing more to read
+            return None
+        if tokens < self.q_proj.out_features + 2 * self.k_proj.out_features:
             return None
         projections = (self.q_proj, self.k_proj, self.v_proj)
         for m in projections:
